@@ -101,7 +101,12 @@ def cmd_solve(args):
 
     data = load_npz(args.data, "DATA", ("X", "y"))
     problem = _make_problem(args, data)
-    result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose)
+    options = {}
+    if args.solver == "fista":
+        options = dict(device=args.device, dtype=args.dtype, progress=args.progress)
+        options.update({k: v for k, v in (("max_iter", args.max_iter), ("time_limit", args.time_limit))
+                        if v is not None})
+    result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose, **options)
     if args.out:
         result.save(args.out)
     summary = result.summary()
@@ -161,6 +166,12 @@ def build_parser():
     p.add_argument("--solver", default="clarabel", help="clarabel (default) or scs")
     p.add_argument("--out", metavar="RESULT.npz", help="write Z, V (and U1, U2) here")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
+    torch_opts = p.add_argument_group("torch backend (--solver fista)")
+    torch_opts.add_argument("--device", default="cpu", help="cpu or cuda")
+    torch_opts.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    torch_opts.add_argument("--max-iter", type=int, default=None, help="iteration budget")
+    torch_opts.add_argument("--time-limit", type=float, default=None, help="time budget in seconds")
+    torch_opts.add_argument("--progress", action="store_true", help="show gap and objective as the solve goes")
     p.set_defaults(run=cmd_solve)
 
     p = sub.add_parser("verify", help="certify a given solution Z")
