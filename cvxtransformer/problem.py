@@ -36,6 +36,7 @@ class ConvexProblem:
         self.program, self.loss, self.T, self.beta = program, loss, T, beta
         self.regularizer = GroupLasso(beta)
         self.U1, self.U2 = U1, U2
+        self._beta_max = None
 
     def __repr__(self):
         p = self.program
@@ -56,12 +57,17 @@ class ConvexProblem:
 
     def beta_max(self):
         """Smallest beta for which Z = 0 is optimal: ``max_g ||(A^T (-grad L(0)))_g||``."""
-        zero = np.zeros((self.program.N, self.program.c))
-        return self.regularizer.dual_norm(self.program.adjoint(self.loss.dual_variable(zero, self.T)))
+        if self._beta_max is None:
+            zero = np.zeros((self.program.N, self.program.c))
+            G = self.program.adjoint(self.loss.dual_variable(zero, self.T))
+            self._beta_max = self.regularizer.dual_norm(G)
+        return self._beta_max
 
     def with_beta(self, beta):
         """The same data, program and loss with another beta (shares the program)."""
-        return ConvexProblem(self.program, self.loss, self.T, _check_beta(beta), self.U1, self.U2)
+        other = ConvexProblem(self.program, self.loss, self.T, _check_beta(beta), self.U1, self.U2)
+        other._beta_max = self._beta_max
+        return other
 
 
 def _finite_array(name, a, ndim, what):

@@ -113,3 +113,13 @@ def test_certify_rejects_wrong_shape():
     problem = random_problem(12, "squared", "vector")
     with pytest.raises(ct.InvalidInputError, match=r"Z: expected shape \(3, 3, 4, 3\)"):
         ct.certify(problem, np.zeros((3, 4, 3)))
+
+
+def test_screening_keeps_active_groups_at_an_exact_optimum():
+    # At the closed-form optimum the gap is zero to rounding and ||G_g|| = beta on the support:
+    # rounding must not let the gap-safe test discard the active group.
+    from cvxtransformer.solve import screen_zero_groups
+
+    problem, z, _, _ = single_group_instance()
+    kept = screen_zero_groups(problem, z[None, None, None, :])
+    np.testing.assert_array_equal(kept[0, 0, 0], z)
