@@ -126,10 +126,6 @@ class Network(torch.nn.Module):
         """The weights as a dict of ndarrays (the file ``DIR/<model>.npz`` of ``compare``)."""
         raise NotImplementedError
 
-    def attention_map(self, X):
-        """Attention of each output token over input tokens, shape (rows, n) (see subclasses)."""
-        raise NotImplementedError
-
 
 # ----------------------------------------------------------------------------- (6)/(9) and (11)
 class AlternativeAttention(Network):
@@ -235,14 +231,6 @@ class AlternativeAttention(Network):
         np.add.at(Z, g, np.einsum("jl,jk,jd->jlkd", w.W3, w.W1, w.W2))
         return Z
 
-    def attention_map(self, X=None):
-        """Group norms of :meth:`effective_coefficients`, summed over gates: shape (c, n).
-
-        Row ``l`` is the weight of input token ``k`` in output ``l``; :mod:`cvxtransformer.plots`
-        folds the rows by output token for sequence targets.
-        """
-        return np.linalg.norm(self.effective_coefficients(), axis=-1).sum(axis=0)
-
 
 class GatedAttention(AlternativeAttention):
     """Gated-ReLU network (11): the heads of (9), each multiplied by its gate.
@@ -267,9 +255,12 @@ class GatedAttention(AlternativeAttention):
     def _set_gate(self, gate):
         gate = np.asarray(gate)
         h = self.U1.shape[0]
-        if gate.shape != (self.heads,) or (gate.size and (gate.dtype.kind not in "iu" or gate.min() < 0
-                                                          or gate.max() >= h)):
-            raise invalid("gate", f"{self.heads} integers in [0, {h})", f"shape {gate.shape}")
+        if gate.shape != (self.heads,) or (gate.size and gate.dtype.kind not in "iu"):
+            raise invalid("gate", f"{self.heads} integers in [0, {h}) (one per head)",
+                          f"shape {gate.shape}, dtype {gate.dtype}")
+        if gate.size and (gate.min() < 0 or gate.max() >= h):
+            raise invalid("gate", f"gate indices in [0, {h}) (rows of U1, U2)",
+                          f"values from {gate.min()} to {gate.max()}")
         self.gate = gate.astype(np.int64)
 
     @classmethod

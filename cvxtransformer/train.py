@@ -120,7 +120,7 @@ def check_training_options(optimizer="adam", lr=1e-2, steps=1000, batch_size=Non
 
 def train(network, X, T, loss, beta, optimizer="adam", lr=1e-2, steps=1000, batch_size=None,
           seed=0, eval_every=None, X_test=None, T_test=None, time_limit=None, momentum=0.0,
-          progress=False):
+          threads=1, progress=False):
     """Minimise ``network``'s objective on ``(X, T)`` with SGD or Adam.
 
     Parameters
@@ -138,14 +138,32 @@ def train(network, X, T, loss, beta, optimizer="adam", lr=1e-2, steps=1000, batc
     eval_every : steps between metric evaluations (default ``max(1, steps // 100)``)
     X_test, T_test : optional test data, same conventions
     time_limit : stop after this much optimisation time (seconds)
+    threads : torch intra-op threads while training (restored afterwards); 1 by default, since
+        these networks are small and one thread is fastest and steady on a shared CPU; None
+        leaves torch's setting
     progress : show a tqdm progress bar
 
     Returns
     -------
     TrainResult
     """
+    threads = _positive("threads", threads, integer=True, allow_none=True)
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _train(network, X, T, loss, beta, optimizer, lr, steps, batch_size, seed, eval_every,
+                      X_test, T_test, time_limit, momentum, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(network, X, T, loss, beta, optimizer, lr, steps, batch_size, seed, eval_every,
+           X_test, T_test, time_limit, momentum, progress):
     loss = get_loss(loss)
     T = np.asarray(T, dtype=float)
+    if T.ndim != 2 or T.shape[1] != network.c:
+        raise invalid("T", f"encoded targets of shape (N, {network.c}) (see Loss.encode)", f"shape {T.shape}")
     N = T.shape[0]
     optimizer, lr, steps, batch_size, eval_every, time_limit = check_training_options(
         optimizer, lr, steps, batch_size, eval_every, time_limit, N)
@@ -214,7 +232,7 @@ def train(network, X, T, loss, beta, optimizer="adam", lr=1e-2, steps=1000, batc
         elapsed += time.perf_counter() - start
         bar.update(1)
         if step % eval_every == 0:
-            bar.set_postfix(objective=f"{current:.6g}")
+            bar.set_postfix(objective=f"{current:.6g}", refresh=False)
     bar.close()
     final = full_objective()
     if status == "diverged":
