@@ -8,6 +8,7 @@ programs and their duals, solves them, and certifies any solution.
 from .certificate import Certificate, certify, dual_feasible_point, kkt_residuals
 from .errors import CvxTransformerError, InvalidInputError, MissingDependencyError, SolverError
 from .losses import CrossEntropyLoss, LogisticLoss, SquaredLoss, get_loss
+from .path import PathPoint, beta_grid, solve_path
 from .problem import ConvexProblem, make_problem
 from .programs import Program, gate_mask, sample_gates
 from .recovery import NonconvexWeights, nonconvex_objective, recover_weights

@@ -27,6 +27,7 @@ class BackendOutput:
 BACKENDS = {
     "clarabel": ("solvers.cvxpy_backend", "solve_clarabel", ("primal", "dual")),
     "scs": ("solvers.cvxpy_backend", "solve_scs", ("primal", "dual")),
+    "fista": ("solvers.fista", "solve_fista", ("primal",)),
 }
 
 

@@ -1,0 +1,149 @@
+"""Peers of the torch backend, each timed to a relative gap certified by *our* verifier.
+
+Every runner returns a :class:`Run`: the wall time of the fastest run whose solution the
+verifier certifies at ``TARGET`` (None if none did), and every (time, certified gap) pair seen,
+for the time-to-gap plot. Solvers with their own tolerance (skglm, celer) are swept over
+tolerances from loose to tight and credited with the *loosest* tolerance that certifies, as if
+it had been known in advance: this favours the peers.
+
+skglm and celer minimise ``1/(2N) ||y - Xw||^2 + alpha sum_g ||w_g||`` (and the logistic loss
+averaged over samples): ``alpha = beta / N`` gives the same minimiser as our summed loss.
+"""
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cvxtransformer.certificate import certify_canonical
+
+TARGET = 1e-6
+
+
+@dataclass
+class Run:
+    seconds: float = None  # time to a certified relative gap <= TARGET (None: not reached)
+    gap: float = None  # certified relative gap of that run (or of the best run)
+    points: list = field(default_factory=list)  # (seconds, certified relative gap) of every run
+    note: str = ""
+
+
+def timed(f, repeats):
+    """(best wall time over ``repeats`` runs, last output); one run when the first is slow."""
+    best, out = np.inf, None
+    for i in range(repeats):
+        t = time.perf_counter()
+        out = f()
+        best = min(best, time.perf_counter() - t)
+        if best > 2.0:
+            break
+    return best, out
+
+
+def gap_of(problem, Z4, V=None):
+    return certify_canonical(problem, Z4, V, tol=TARGET).relative_gap
+
+
+def run_fista(problem, repeats=3, **options):
+    """fista on one CPU thread, like every peer (skglm, celer, Clarabel, SCS are single-threaded)."""
+    from solvers.fista import solve_fista
+
+    options.setdefault("threads", 1)
+    seconds, out = timed(lambda: solve_fista(problem, tol=TARGET, **options), repeats)
+    gap = gap_of(problem, out.Z4, out.V)
+    run = Run(seconds if gap <= TARGET else None, gap, note=out.status)
+    scale = seconds / max(out.history[-1]["seconds"], 1e-12)  # best run vs the recorded one
+    run.points = [(h["seconds"] * scale, h["relative_gap"]) for h in out.history if h["kind"] == "certified"]
+    run.history, run.iterations = out.history, out.iterations
+    return run
+
+
+def run_cvxpy(problem, solver, time_cap=None, repeats=1):
+    from solvers.cvxpy_backend import solve_clarabel, solve_scs
+
+    options = {}
+    if time_cap is not None:
+        options = {"time_limit": time_cap} if solver == "clarabel" else {"time_limit_secs": time_cap}
+    backend = solve_clarabel if solver == "clarabel" else solve_scs
+    try:
+        seconds, out = timed(lambda: backend(problem, tol=TARGET, **options), repeats)
+    except Exception as exc:  # a failing peer is reported, not fatal
+        return Run(note=f"failed: {type(exc).__name__}")
+    gap = gap_of(problem, out.Z4, out.V)
+    return Run(seconds if gap <= TARGET else None, gap, [(seconds, gap)], note=str(out.status))
+
+
+def _sweep(fit, problem, tols, repeats, time_cap):
+    """Fit at each tolerance (loose to tight) until the verifier certifies TARGET."""
+    run = Run()
+    for tol in tols:
+        seconds, w = timed(lambda: fit(tol), repeats)
+        gap = gap_of(problem, w.reshape(problem.program.canonical_shape))
+        run.points.append((seconds, gap))
+        run.gap = gap if run.gap is None else min(run.gap, gap)
+        if gap <= TARGET:
+            run.seconds, run.gap, run.note = seconds, gap, f"tol={tol:g}"
+            return run
+        if seconds > time_cap:
+            run.note = f"stopped sweep at tol={tol:g} ({seconds:.0f} s)"
+            return run
+    run.note = f"not certified down to tol={tols[-1]:g}"
+    return run
+
+
+def design(problem):
+    """The (N, h*n*d) design the peers need (materialised for them only), Fortran-ordered."""
+    return np.asfortranarray(problem.program.design())
+
+
+def run_skglm(problem, D, repeats=3, time_cap=120.0, w_init=None):
+    """skglm's GroupBCD (working sets + Anderson acceleration), squared or logistic loss."""
+    from skglm.datafits import LogisticGroup, QuadraticGroup
+    from skglm.penalties import WeightedGroupL2
+    from skglm.solvers import GroupBCD
+    from skglm.utils.data import grp_converter
+
+    N, p = D.shape
+    d = problem.program.d
+    y = problem.T[:, 0].copy()
+    grp_indices, grp_ptr = grp_converter(d, p)
+    weights = np.ones(len(grp_ptr) - 1)
+
+    def fit(tol):
+        datafit = (QuadraticGroup if problem.loss.name == "squared" else LogisticGroup)(grp_ptr, grp_indices)
+        penalty = WeightedGroupL2(problem.beta / N, weights, grp_ptr, grp_indices)
+        # the defaults of skglm's GroupLasso estimator
+        solver = GroupBCD(max_iter=50, max_epochs=50_000, tol=tol, fit_intercept=False)
+        w0 = None if w_init is None else w_init.copy()
+        Xw0 = None if w_init is None else D @ w0
+        return solver.solve(D, y, datafit, penalty, w0, Xw0)[0]
+
+    return _sweep(fit, problem, (1e-5, 1e-6, 1e-7, 1e-8, 1e-10), repeats, time_cap)
+
+
+def run_celer(problem, D, repeats=3, time_cap=120.0):
+    """celer's GroupLasso (dual extrapolation, working sets); squared loss only."""
+    from celer import GroupLasso
+
+    N = D.shape[0]
+    y = problem.T[:, 0]
+
+    def fit(tol):
+        model = GroupLasso(groups=problem.program.d, alpha=problem.beta / N, tol=tol, fit_intercept=False)
+        return model.fit(D, y).coef_
+
+    return _sweep(fit, problem, (1e-6, 1e-7, 1e-8, 1e-10, 1e-12), repeats, time_cap)
+
+
+def warm_up():
+    """Compile the peers' JIT code (numba, torch kernels) before any timing."""
+    import cvxtransformer as ct
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 4, 4))
+    for loss, y in (("squared", X[:, 0, 0]), ("logistic", np.sign(X[:, 0, 0] + 0.1))):
+        problem = ct.make_problem(X, y, program=8, loss=loss, beta=1.0)
+        problem = problem.with_beta(0.3 * problem.beta_max())
+        run_fista(problem, repeats=1)
+        run_skglm(problem, design(problem), repeats=1)
+        if loss == "squared":
+            run_celer(problem, design(problem), repeats=1)
