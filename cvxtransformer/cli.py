@@ -188,7 +188,7 @@ def build_parser():
     p.add_argument("data", metavar="DATA.npz", help="X (N, n, d) and y; optionally U1 (h, n), U2 (h, d)")
     _problem_args(p)
     p.add_argument("--form", choices=("primal", "dual"), default="primal")
-    p.add_argument("--solver", default="clarabel", help="clarabel (default) or scs")
+    p.add_argument("--solver", default="clarabel", help="clarabel (default), scs, or fista (torch backend)")
     p.add_argument("--out", metavar="RESULT.npz", help="write Z, V (and U1, U2) here")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
     torch_opts = p.add_argument_group("torch backend (--solver fista)")
