@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Certificate", "ConvexProblem", "CrossEntropyLoss", "CvxTransformerError", "InvalidInputError",
-    "LogisticLoss", "MissingDependencyError", "NonconvexWeights", "Program", "SolveResult",
+    "LogisticLoss", "MissingDependencyError", "NonconvexWeights", "PathPoint", "Program", "SolveResult",
     "SolverError", "SquaredLoss", "certify", "dual_feasible_point", "gate_mask", "get_loss",
-    "kkt_residuals", "make_problem", "nonconvex_objective", "recover_weights", "sample_gates", "solve",
+    "beta_grid", "kkt_residuals", "make_problem", "nonconvex_objective", "recover_weights", "sample_gates",
+    "solve", "solve_path",
 ]
