@@ -54,7 +54,7 @@ def _problem_args(p):
     beta.add_argument("--beta", type=float, help="regularization weight beta > 0")
     beta.add_argument("--beta-frac", type=float, metavar="F",
                       help="beta = F * beta_max of the data (0 < F < 1 gives a nonzero solution)")
-    p.add_argument("--heads", type=int, default=8, help="number of gates h of program (12) when DATA has no U1, U2")
+    p.add_argument("--gates", type=int, default=8, help="number of gates h of program (12) when DATA has no U1, U2")
     p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates of program (12)")
     p.add_argument("--classes", type=int, default=None, help="number of classes (cross-entropy; default max(y)+1)")
     p.add_argument("--tol", type=float, default=1e-6, help="relative duality gap to certify (default 1e-6)")
@@ -69,7 +69,7 @@ def _make_problem(args, data, gates=None):
         U1 = U2 = None
     problem = make_problem(data["X"], data["y"], program=args.program, loss=args.loss,
                            beta=args.beta if args.beta is not None else 1.0, U1=U1, U2=U2,
-                           heads=args.heads, gate_seed=args.gate_seed, n_classes=args.classes)
+                           heads=args.gates, gate_seed=args.gate_seed, n_classes=args.classes)
     if args.beta_frac is not None:
         if not 0 < args.beta_frac:
             raise InvalidInputError(f"--beta-frac: expected a number > 0, got {args.beta_frac}")
@@ -127,7 +127,7 @@ def cmd_verify(args):
     problem = _make_problem(args, data, gates)
     if res["Z"].shape != problem.program.shape:
         raise InvalidInputError(f"RESULT: Z has shape {res['Z'].shape}, program ({args.program}) on this "
-                                f"data needs {problem.program.shape}; check --program, --heads and DATA")
+                                f"data needs {problem.program.shape}; check --program, --gates and DATA")
     if not np.all(np.isfinite(res["Z"])):
         raise InvalidInputError("RESULT: Z has NaN/Inf entries; it is not a solution to certify")
     V = res.get("V")

@@ -42,9 +42,9 @@ import math
 
 import numpy as np
 import torch
+from solvers.torch_losses import torch_loss
 
 from .errors import invalid
-from .losses import get_loss
 from .programs import gate_mask
 from .recovery import NonconvexWeights
 
@@ -53,17 +53,10 @@ MODELS = ("alternative", "gated", "softmax")
 
 # ----------------------------------------------------------------------------- losses in torch
 def loss_sum(loss, Yhat, T):
-    """``sum_i L(yhat_i, y_i)`` in torch, for encoded targets ``T`` (N, c) (see ``Loss.encode``).
-
-    The same formulas as :mod:`cvxtransformer.losses` (``logaddexp``, ``logsumexp``), so the
-    two agree to rounding in float64.
-    """
-    name = get_loss(loss).name
-    if name == "squared":
-        return 0.5 * torch.sum((Yhat - T) ** 2)
-    if name == "logistic":
-        return torch.sum(torch.logaddexp(torch.zeros_like(Yhat), -T * Yhat))
-    return torch.sum(torch.logsumexp(Yhat, dim=1)) - torch.sum(T * Yhat)
+    """``sum_i L(yhat_i, y_i)`` in torch (accumulated in float64), for encoded targets ``T``
+    (N, c) (see ``Loss.encode``): the forms of :mod:`solvers.torch_losses`, which agree with
+    :mod:`cvxtransformer.losses` to rounding."""
+    return torch_loss(loss).value(Yhat, T)
 
 
 def project_rows_to_simplex_(W):

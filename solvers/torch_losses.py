@@ -9,7 +9,6 @@ Shapes: ``Yhat``, ``T`` and ``V`` are tensors of shape (N, c); ``T`` holds the e
 (the targets, labels in {-1, +1} as (N, 1), or one-hot rows).
 """
 import torch
-import torch.nn.functional as F
 
 F64 = torch.float64
 
@@ -43,7 +42,7 @@ class TorchLogistic:
 
     @staticmethod
     def value(Yhat, T):
-        return torch.sum(F.softplus(-T * Yhat), dtype=F64)
+        return torch.sum(torch.logaddexp(torch.zeros_like(Yhat), -T * Yhat), dtype=F64)  # exact at any margin
 
     @staticmethod
     def neg_grad(Yhat, T):
@@ -82,5 +81,7 @@ TORCH_LOSSES = {cls.name: cls for cls in (TorchSquared, TorchLogistic, TorchCros
 
 
 def torch_loss(loss):
-    """The torch form of a :class:`cvxtransformer.losses.Loss` (looked up by its name)."""
-    return TORCH_LOSSES[loss.name]
+    """The torch form of a loss: a :class:`cvxtransformer.losses.Loss` or its name."""
+    from cvxtransformer.losses import get_loss
+
+    return TORCH_LOSSES[get_loss(loss).name]

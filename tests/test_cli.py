@@ -43,14 +43,14 @@ def run_json(capsys, argv):
 def test_solve_then_verify(tmp_path, capsys, data, program, loss, kind, shape, solver):
     out = str(tmp_path / "result.npz")
     args = ["--program", str(program), "--loss", loss, "--beta-frac", "0.3"]
-    code, summary = run_json(capsys, ["solve", data[kind], *args, "--solver", solver, "--heads", "5",
+    code, summary = run_json(capsys, ["solve", data[kind], *args, "--solver", solver, "--gates", "5",
                                       "--out", out, "--tol", "1e-4"])
     assert code == 0 and all(k in summary for k in REQUIRED) and summary["certified"] is True
     with np.load(out) as f:
         assert f["Z"].shape == shape
         assert f["V"].shape == ((30,) if program == 8 else (30, shape[-3]))
         assert ("U1" in f.files) == (program == 12)
-    code, verified = run_json(capsys, ["verify", data[kind], out, *args, "--heads", "5", "--tol", "1e-4"])
+    code, verified = run_json(capsys, ["verify", data[kind], out, *args, "--gates", "5", "--tol", "1e-4"])
     assert code == 0 and verified["certified"]
     assert verified["primal_objective"] == summary["primal_objective"]
     assert verified["relative_gap"] <= 1e-4

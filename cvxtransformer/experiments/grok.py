@@ -13,20 +13,17 @@ spectral summaries), ``spectra.npz`` (every singular value recorded) and ``accur
 import json
 import os
 
-from .runner import QUICK, TASKS, add_model_arguments, config_from_args, load_finished, prepare_out_dir, write_run
+from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, load_finished, prepare_out_dir,
+                     write_run)
 from .runner import run as run_experiment
 
 HELP = "one grokking run: convex (stacked program (12)) or standard transformer on modular arithmetic"
 
 
 def configure(parser):
-    parser.add_argument("--task", choices=TASKS, default="division",
-                        help="division: (x / y) mod p; periodicity: the UCSD report's task (default division)")
-    parser.add_argument("--modulus", type=int, default=97, help="the modulus p (default 97)")
-    parser.add_argument("--layers", type=int, default=1, help="number L of layers (default 1)")
+    add_task_arguments(parser, "division", 1,
+                       "convex model only: Fastfood kernel preconditioning with D features per token")
     parser.add_argument("--model", choices=("convex", "standard"), default="convex")
-    parser.add_argument("--kernel-features", type=int, default=None, metavar="D",
-                        help="convex model only: Fastfood kernel preconditioning with D features per token")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     add_model_arguments(parser, steps_default=3000)
 

@@ -15,17 +15,13 @@ are within that margin).
 import json
 import os
 
-from .runner import QUICK, add_model_arguments, config_from_args, prepare_out_dir, row, run_and_write, write_json_atomic
+from .runner import QUICK, add_model_arguments, add_task_arguments, config_from_args, prepare_out_dir, row, run_and_write, write_json_atomic
 
 HELP = "kernel preconditioning (UCSD eq. (9)): periodicity task, convex vs convex+Fastfood vs standard"
 
 
 def configure(parser):
-    parser.add_argument("--task", choices=("periodicity", "division"), default="periodicity")
-    parser.add_argument("--modulus", type=int, default=97, help="the modulus p (default 97)")
-    parser.add_argument("--layers", type=int, default=2, help="number L of layers (default 2, as the report)")
-    parser.add_argument("--kernel-features", type=int, default=None, metavar="D",
-                        help="Fastfood features per token (default: the embedding size)")
+    add_task_arguments(parser, "periodicity", 2, "Fastfood features per token (default: the embedding size)")
     parser.add_argument("--no-standard", action="store_true", help="skip the standard transformer")
     add_model_arguments(parser, steps_default=3000)
 

@@ -321,6 +321,16 @@ def config_from_args(args, **overrides):
 QUICK = dict(steps=30, dim=16, gates=2, heads=2, batch_size=64, eval_every=5)
 
 
+def add_task_arguments(parser, task_default, layers_default, kernel_help):
+    """Options of the task and depth (``--task``, ``--modulus``, ``--layers``, ``--kernel-features``)."""
+    parser.add_argument("--task", choices=TASKS, default=task_default,
+                        help=f"division: (x / y) mod p; periodicity: the UCSD report's task (default {task_default})")
+    parser.add_argument("--modulus", type=int, default=97, help="the modulus p (default 97)")
+    parser.add_argument("--layers", type=int, default=layers_default,
+                        help=f"number L of layers (default {layers_default})")
+    parser.add_argument("--kernel-features", type=int, default=None, metavar="D", help=kernel_help)
+
+
 def add_model_arguments(parser, steps_default):
     """Options shared by every experiment command (model sizes, optimiser, budget)."""
     g = parser.add_argument_group("model and training (shared by both models)")

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from .runner import (QUICK, TASKS, add_model_arguments, config_from_args, default_eval_every, prepare_out_dir, row,
+from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every, prepare_out_dir, row,
                      run_and_write, write_json_atomic)
 
 HELP = "spectral analysis: singular values and effective rank of each layer during training"
@@ -51,11 +51,8 @@ def rank_summary(metrics):
 
 
 def configure(parser):
-    parser.add_argument("--task", choices=TASKS, default="division")
-    parser.add_argument("--modulus", type=int, default=97, help="the modulus p (default 97)")
-    parser.add_argument("--layers", type=int, default=2, help="number L of layers (default 2)")
-    parser.add_argument("--kernel-features", type=int, default=None, metavar="D",
-                        help="Fastfood features per token of the preconditioned run (default: the embedding size)")
+    add_task_arguments(parser, "division", 2,
+                       "Fastfood features per token of the preconditioned run (default: the embedding size)")
     parser.add_argument("--include-standard", action="store_true", help="also track the standard transformer")
     add_model_arguments(parser, steps_default=3000)
 
