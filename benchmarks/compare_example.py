@@ -14,6 +14,7 @@ The trained weights and convex solutions stay in the temporary folder (printed a
 pass --keep DIR to keep everything in DIR.
 """
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -39,6 +40,15 @@ EXAMPLES = {
 }
 
 
+def strip_work_folder(path):
+    """Drop the absolute ``out_dir`` (a temporary folder of this machine) from a copied compare.json."""
+    with open(path) as f:
+        summary = json.load(f)
+    summary.pop("out_dir", None)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1)
+
+
 def run(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", metavar="DIR", help="keep the whole runs (weights, convex solutions) here")
@@ -62,6 +72,7 @@ def run(argv=None):
         os.makedirs(figures, exist_ok=True)
         for file in COPIED:
             shutil.copyfile(os.path.join(out, file), os.path.join(figures, file))
+        strip_work_folder(os.path.join(figures, "compare.json"))
         print(f"copied {', '.join(COPIED)} to {figures}\n")
     print(f"the whole runs are in {work}")
     return max(codes)

@@ -13,12 +13,21 @@ import numpy as np
 
 from .errors import CvxTransformerError, InvalidInputError
 
-# Subcommands living in their own modules: name -> module exposing configure(parser), run(args).
-EXTERNAL = {"compare": "cvxtransformer.compare"}
-EXTERNAL["grok"] = "cvxtransformer.experiments.grok"
-EXTERNAL["grok-suite"] = "cvxtransformer.experiments.suite"
-EXTERNAL["kernel"] = "cvxtransformer.experiments.kernel"
-EXTERNAL["spectral"] = "cvxtransformer.experiments.spectra"
+# Subcommands living in their own modules (which import torch): name -> (module exposing
+# configure(parser) and run(args), help). A module is imported only when its subcommand runs.
+EXTERNAL = {
+    "compare": ("cvxtransformer.compare",
+                "solve the convex program, train nonconvex networks by SGD/Adam, report their certified gaps"),
+    "grok": ("cvxtransformer.experiments.grok",
+             "one grokking run: convex (stacked program (12)) or standard transformer on modular arithmetic"),
+    "grok-suite": ("cvxtransformer.experiments.suite",
+                   "grokking experiment (Figures 4-7): division mod 97 (L=1,2) and mod 15 (L=1,4), "
+                   "convex vs standard"),
+    "kernel": ("cvxtransformer.experiments.kernel",
+               "kernel preconditioning (UCSD eq. (9)): periodicity task, convex vs convex+Fastfood vs standard"),
+    "spectral": ("cvxtransformer.experiments.spectra",
+                 "spectral analysis: singular values and effective rank of each layer during training"),
+}
 
 
 def load_npz(path, role, required=()):
@@ -178,7 +187,7 @@ def cmd_demo(args):
     return 0 if result.certified else 1
 
 
-def build_parser():
+def build_parser(argv=None):
     parser = argparse.ArgumentParser(prog="cvxtransformer", description=(
         "Convexified transformer attention: solve programs (8), (10), (12) to global optimality and "
         "certify any solution (Ergen, Neyshabur & Mehta, arXiv 2211.11052)."))
@@ -211,16 +220,18 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_demo)
 
-    for name, module in EXTERNAL.items():
-        mod = import_module(module)
-        p = sub.add_parser(name, help=mod.HELP)
-        mod.configure(p)
-        p.set_defaults(run=mod.run)
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    for name, (module, help) in EXTERNAL.items():
+        p = sub.add_parser(name, help=help)
+        if name == command:  # the other modules are not needed to parse this command line
+            mod = import_module(module)
+            mod.configure(p)
+            p.set_defaults(run=mod.run)
     return parser
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return args.run(args)
     except CvxTransformerError as exc:

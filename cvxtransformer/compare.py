@@ -30,7 +30,6 @@ import numpy as np
 
 from .errors import InvalidInputError, invalid
 
-HELP = "solve the convex program, train nonconvex networks by SGD/Adam, report their certified gaps"
 MODELS = ("alternative", "gated", "softmax")
 EQUATION = {"alternative": "(9)", "gated": "(11)", "softmax": "(3)"}
 DEFAULT_MODELS = {8: "alternative,softmax", 10: "alternative,softmax", 12: "gated,softmax"}

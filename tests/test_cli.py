@@ -9,7 +9,6 @@ import cvxpy as cp
 import numpy as np
 import pytest
 
-import cvxtransformer as ct
 from cvxtransformer.cli import main
 
 REQUIRED = ["program", "loss", "form", "solver", "beta", "beta_max", "primal_objective", "dual_objective",

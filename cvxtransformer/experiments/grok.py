@@ -17,8 +17,6 @@ from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from
                      write_run)
 from .runner import run as run_experiment
 
-HELP = "one grokking run: convex (stacked program (12)) or standard transformer on modular arithmetic"
-
 
 def configure(parser):
     add_task_arguments(parser, "division", 1,

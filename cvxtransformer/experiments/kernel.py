@@ -15,9 +15,8 @@ are within that margin).
 import json
 import os
 
-from .runner import QUICK, add_model_arguments, add_task_arguments, config_from_args, prepare_out_dir, row, run_and_write, write_json_atomic
-
-HELP = "kernel preconditioning (UCSD eq. (9)): periodicity task, convex vs convex+Fastfood vs standard"
+from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, prepare_out_dir, row,
+                     run_and_write, write_json_atomic)
 
 
 def configure(parser):

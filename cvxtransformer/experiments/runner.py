@@ -14,7 +14,8 @@ Settings (the defaults are the full-run settings of ``docs/reproduction.md``):
 
 Every ``eval_every`` steps (default: at most 200 evaluations, and at least
 ``3 (N_train + N_test) / batch`` steps apart, so evaluation costs at most about a third of
-training) the full train and test sets are evaluated (mean cross-entropy and accuracy); ``steps_to_99_train`` / ``steps_to_99_test`` are the first evaluated steps with
+training) the full train and test sets are evaluated (mean cross-entropy and accuracy);
+``steps_to_99_train`` / ``steps_to_99_test`` are the first evaluated steps with
 accuracy >= 0.99 (so their resolution is ``eval_every``), None when not reached. With
 ``stop_at_99`` training stops at the first evaluation where both are reached. Every
 ``spectral_every`` steps the singular values of each layer's weight matrices are recorded

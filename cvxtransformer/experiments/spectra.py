@@ -14,15 +14,13 @@ Rank collapse is measured, not assumed: ``collapse_ratio`` is the effective rank
 generalisation (the step of 99% test accuracy, or the end of the run when not reached) divided
 by its maximum over the steps before; ``rank_collapse`` is ``collapse_ratio <= 0.5``.
 """
-import json
 import os
 
 import numpy as np
 
-from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every, prepare_out_dir, row,
-                     run_and_write, write_json_atomic)
+from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every,
+                     prepare_out_dir, row, run_and_write, write_json_atomic)
 
-HELP = "spectral analysis: singular values and effective rank of each layer during training"
 COLLAPSE = 0.5
 
 

@@ -21,7 +21,6 @@ import os
 from .runner import (QUICK, RunConfig, add_model_arguments, config_from_args, prepare_out_dir, row,
                      run_and_write, write_json_atomic)
 
-HELP = "grokking experiment (Figures 4-7): division mod 97 (L=1,2) and mod 15 (L=1,4), convex vs standard"
 DEFAULT_SETTINGS = "97:1,97:2,15:1,15:4"
 
 
@@ -122,4 +121,4 @@ def run(args):
     return 0
 
 
-__all__ = ["HELP", "configure", "run", "claims", "RunConfig"]
+__all__ = ["configure", "run", "claims", "RunConfig"]
