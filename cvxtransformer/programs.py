@@ -93,7 +93,11 @@ class Program:
         """
         if self._group_operator_norms is None:
             mask = np.ones((self.N, 1)) if self.mask is None else self.mask
-            grams = np.einsum("ij,ikd,ike->jkde", mask, self.X, self.X)
+            grams = np.empty((mask.shape[1], self.n, self.d, self.d))
+            for k in range(self.n):  # one (h, N) x (N, d^2) product per token: BLAS, O(N d^2) memory
+                Xk = self.X[:, k]
+                outer = (Xk[:, :, None] * Xk[:, None, :]).reshape(self.N, -1)
+                grams[:, k] = (mask.T @ outer).reshape(-1, self.d, self.d)
             lam = np.linalg.eigvalsh(grams)[..., -1]
             norms = np.sqrt(np.maximum(lam, 0.0))
             self._group_operator_norms = np.broadcast_to(norms[:, None, :], self.canonical_shape[:3])
