@@ -15,8 +15,7 @@ are within that margin).
 import json
 import os
 
-from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, prepare_out_dir, row,
-                     run_and_write, write_json_atomic)
+from .runner import QUICK, add_model_arguments, add_task_arguments, row, run_convex_pair, write_json_atomic
 
 
 def configure(parser):
@@ -47,17 +46,8 @@ def run(args):
 
     quick = QUICK if args.quick else {}
     base = dict(task=args.task, modulus=args.modulus, layers=args.layers, **quick)
-    dim = quick.get("dim", args.dim)
-    D = args.kernel_features or dim
-    configs = {"convex": config_from_args(args, model="convex", kernel_features=None, **base),
-               "convex_kernel": config_from_args(args, model="convex", kernel_features=D, **base)}
-    if not args.no_standard:
-        configs["standard"] = config_from_args(args, model="standard", kernel_features=None, **base)
-    for cfg in configs.values():
-        cfg.validate()
-    prepare_out_dir(args.out_dir)
-    results = {name: run_and_write(cfg, os.path.join(args.out_dir, name), progress=args.progress,
-                                   reuse=args.reuse) for name, cfg in configs.items()}
+    results = run_convex_pair(args, base, standard=not args.no_standard)
+    D = results["convex_kernel"]["config"]["kernel_features"]
     figure = os.path.join(args.out_dir, "kernel_accuracy.png")
     plots.plot_accuracy([(m["label"], m) for m in results.values()], figure,
                         f"{args.task} mod {args.modulus}: kernel preconditioning (L = {args.layers})")

@@ -397,6 +397,22 @@ def run_and_write(config, out_dir, progress=False, log=print, reuse=False):
     return metrics
 
 
+def run_convex_pair(args, base, standard):
+    """Train (or, with ``--reuse``, load) ``convex``, ``convex_kernel`` (Fastfood with
+    ``--kernel-features`` features, default the embedding size) and, if ``standard``, the standard
+    transformer with the settings ``base``, each into ``args.out_dir/<name>``; returns {name: metrics}."""
+    D = args.kernel_features or base.get("dim", args.dim)
+    configs = {"convex": config_from_args(args, model="convex", kernel_features=None, **base),
+               "convex_kernel": config_from_args(args, model="convex", kernel_features=D, **base)}
+    if standard:
+        configs["standard"] = config_from_args(args, model="standard", kernel_features=None, **base)
+    for cfg in configs.values():
+        cfg.validate()
+    prepare_out_dir(args.out_dir)
+    return {name: run_and_write(cfg, os.path.join(args.out_dir, name), progress=args.progress, reuse=args.reuse)
+            for name, cfg in configs.items()}
+
+
 def row(metrics, **extra):
     """The per-run numbers of a summary table (no curves)."""
     cfg = metrics["config"]

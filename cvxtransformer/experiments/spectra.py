@@ -18,8 +18,8 @@ import os
 
 import numpy as np
 
-from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every,
-                     prepare_out_dir, row, run_and_write, write_json_atomic)
+from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every, row,
+                     run_convex_pair, write_json_atomic)
 
 COLLAPSE = 0.5
 
@@ -67,16 +67,7 @@ def run(args):
     if args.spectral_every is None:  # spectra at every evaluation
         probe = config_from_args(args, model="convex", kernel_features=None, **base)
         base["spectral_every"] = probe.eval_every or default_eval_every(probe)
-    D = args.kernel_features or quick.get("dim", args.dim)
-    configs = {"convex": config_from_args(args, model="convex", kernel_features=None, **base),
-               "convex_kernel": config_from_args(args, model="convex", kernel_features=D, **base)}
-    if args.include_standard:
-        configs["standard"] = config_from_args(args, model="standard", kernel_features=None, **base)
-    for cfg in configs.values():
-        cfg.validate()
-    prepare_out_dir(args.out_dir)
-    results = {name: run_and_write(cfg, os.path.join(args.out_dir, name), progress=args.progress,
-                                   reuse=args.reuse) for name, cfg in configs.items()}
+    results = run_convex_pair(args, base, standard=args.include_standard)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for i, (name, m) in enumerate(results.items()):
