@@ -35,12 +35,17 @@ def test_value_matches_formula(name):
     assert loss.value(Yhat, T) == pytest.approx(explicit_value(name, Yhat, y), rel=1e-13)
 
 
-@pytest.mark.parametrize("name", TARGETS)
-def test_dual_variable_is_negative_gradient(name):
+def random_point(name):
+    """(loss, encoded targets T, a random Yhat, V = -grad L(Yhat))."""
     loss, y = TARGETS[name]
     T = loss.encode(y)
     Yhat = rng.standard_normal(T.shape)
-    V = loss.dual_variable(Yhat, T)
+    return loss, T, Yhat, loss.dual_variable(Yhat, T)
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_dual_variable_is_negative_gradient(name):
+    loss, T, Yhat, V = random_point(name)
     eps = 1e-6
     fd = np.zeros_like(Yhat)
     for idx in np.ndindex(Yhat.shape):
@@ -53,10 +58,7 @@ def test_dual_variable_is_negative_gradient(name):
 @pytest.mark.parametrize("name", TARGETS)
 def test_conjugate_satisfies_fenchel_young_equality(name):
     # At V = -grad L(yhat): -L*(-V) = L(yhat) + <V, yhat>.
-    loss, y = TARGETS[name]
-    T = loss.encode(y)
-    Yhat = rng.standard_normal(T.shape)
-    V = loss.dual_variable(Yhat, T)
+    loss, T, Yhat, V = random_point(name)
     assert loss.dual_objective(V, T) == pytest.approx(loss.value(Yhat, T) + np.sum(V * Yhat), rel=1e-12)
 
 
