@@ -17,6 +17,8 @@ import platform
 import shutil
 import sys
 
+from cvxtransformer.experiments.spectra import rank_summary
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURES = os.path.join(ROOT, "docs", "figures", "reproduction")
 REPORT = os.path.join(ROOT, "docs", "reproduction_numbers.md")
@@ -77,6 +79,23 @@ def settings_line(runs):
     return "Settings: " + ", ".join(parts) + "."
 
 
+def rank_table(ranks):
+    """Markdown table of effective-rank summaries {run: {matrix: summary}} (empty when none)."""
+    if not ranks:
+        return []
+    lines = ["Effective rank per weight matrix (start, at 99% train, at 99% test, end, maximum before "
+             "generalisation, collapse ratio = rank at generalisation / that maximum):", "",
+             "| run | matrix | start | 99% train | 99% test | end | max | ratio | collapse |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, per in ranks.items():
+        for matrix, r in per.items():
+            lines.append(f"| {label} | {matrix} | {_fmt(r['start'], 1)} | {_fmt(r['at_99_train'], 1)} | "
+                         f"{_fmt(r['at_99_test'], 1)} | {_fmt(r['end'], 1)} | "
+                         f"{_fmt(r['max_before_generalisation'], 1)} | "
+                         f"{_fmt(r['collapse_ratio'], 3)} | {_fmt(r['rank_collapse'])} |")
+    return lines + [""]
+
+
 def copy_figures(folder, prefix):
     """Copy the experiment's own figures and each run's ``spectrum.png`` (the per-run accuracy and
     loss plots repeat what the experiment's figures show)."""
@@ -112,6 +131,7 @@ def main(argv=None):
         runs = run_rows(folder)
         lines += [f"## {experiment}", "", settings_line(runs) if runs else "No finished run.", ""]
         lines += table(runs) + [""]
+        ranks = {}
         summary = os.path.join(folder, "summary.json")
         if os.path.exists(summary):
             s = _load(summary)
@@ -120,18 +140,9 @@ def main(argv=None):
                           "reached 99%):", ""]
                 lines += [f"- `{k}`: {'null' if v is None else _fmt(v)}" for k, v in s["claims"].items()] + [""]
             ranks = s.get("effective_rank") or {}
-            if ranks:
-                lines += ["Effective rank per layer (start, at 99% train, at 99% test, end, maximum before "
-                          "generalisation, collapse ratio):", "",
-                          "| run | matrix | start | 99% train | 99% test | end | max | ratio | collapse |",
-                          "|---|---|---|---|---|---|---|---|---|"]
-                for label, per in ranks.items():
-                    for matrix, r in per.items():
-                        lines.append(f"| {label} | {matrix} | {_fmt(r['start'], 1)} | {_fmt(r['at_99_train'], 1)} | "
-                                     f"{_fmt(r['at_99_test'], 1)} | {_fmt(r['end'], 1)} | "
-                                     f"{_fmt(r['max_before_generalisation'], 1)} | {_fmt(r['collapse_ratio'], 3)} | "
-                                     f"{_fmt(r['rank_collapse'])} |")
-                lines.append("")
+        if not ranks:  # the other experiments: the runs that generalised (where collapse is defined)
+            ranks = {name: rank_summary(m) for name, m in runs if m["steps_to_99_test"] is not None}
+        lines += rank_table(ranks)
         figures = copy_figures(folder, experiment)
         lines += ["Figures: " + ", ".join(f"[{os.path.basename(f)}]({f})" for f in figures), ""]
     with open(REPORT + ".tmp", "w") as f:
