@@ -135,3 +135,17 @@ def test_entry_point_runs_without_traceback(tmp_path, data):
     assert demo.returncode == 0, demo.stderr
     summary = json.loads(demo.stdout.strip().splitlines()[-1])
     assert summary["certified"] and summary["relative_gap"] <= 1e-6
+
+
+def test_help_lists_every_command_and_only_the_chosen_module_is_imported():
+    code = ("import sys; from cvxtransformer.cli import EXTERNAL, build_parser; "
+            "build_parser(['solve', 'x.npz']); before = 'torch' in sys.modules; "
+            "build_parser(['grok', '--quick']); print(before, 'torch' in sys.modules, "
+            "[m for m, _ in EXTERNAL.values() if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 2)
+    assert out[:2] == ["False", "True"]  # solve needs no torch; grok imports its module (and torch)
+    assert out[2].strip() == "['cvxtransformer.experiments.grok']"
+    listing = subprocess.run([sys.executable, "-m", "cvxtransformer.cli", "--help"], capture_output=True, text=True)
+    assert listing.returncode == 0
+    for name in ("solve", "verify", "demo", "compare", "grok", "grok-suite", "kernel", "spectral"):
+        assert re.search(rf"^\s+{re.escape(name)}\s", listing.stdout, re.M), name
