@@ -4,8 +4,8 @@
 
 reads the output folders of the committed commands (``RUNS/grok``, ``RUNS/kernel``,
 ``RUNS/spectral`` and, when present, ``RUNS/spectral_periodicity``, ``RUNS/grok_variants``),
-copies their figures to ``docs/figures/reproduction/`` and writes
-``docs/reproduction_numbers.md``: one row per run (steps to 99% train and test accuracy,
+copies their figures to ``DOCS/figures/reproduction/`` and writes
+``DOCS/reproduction_numbers.md`` (``--docs``, default ``docs/``): one row per run (steps to 99% train and test accuracy,
 grokking, final and best accuracies, training and wall time), the claims as the commands
 evaluated them, and the effective-rank summaries of the spectral runs. Nothing is retrained;
 a folder that is missing is reported as missing.
@@ -20,8 +20,7 @@ import sys
 from cvxtransformer.experiments.spectra import rank_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIGURES = os.path.join(ROOT, "docs", "figures", "reproduction")
-REPORT = os.path.join(ROOT, "docs", "reproduction_numbers.md")
+DOCS = os.path.join(ROOT, "docs")
 EXPERIMENTS = ("grok", "kernel", "spectral", "spectral_periodicity", "grok_variants")
 
 
@@ -52,7 +51,7 @@ def run_rows(folder):
 
 def table(runs):
     head = ("| run | task | p | L | model | status | steps | 99% train | 99% test | grokking | final train acc | "
-            "final test acc | best test acc | final test loss | train time | wall time |")
+            "final test acc | best test acc | final test loss | steps/s | train time | wall time |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, m in runs:
         c = m["config"]
@@ -62,7 +61,8 @@ def table(runs):
             f"{m['steps_done']} | {_fmt(m['steps_to_99_train'])} | {_fmt(m['steps_to_99_test'])} | "
             f"{_fmt(m['grokking_steps'])} | {_fmt(m['final_train_accuracy'], 3)} | "
             f"{_fmt(m['final_test_accuracy'], 3)} | {_fmt(m['best_test_accuracy'], 3)} | "
-            f"{_fmt(m['final_test_loss'], 3)} | {m['train_seconds'] / 60:.1f} min | {m['wall_seconds'] / 60:.1f} min |")
+            f"{_fmt(m['final_test_loss'], 3)} | {m['steps_per_second'] or 0:.1f} | {m['train_seconds'] / 60:.1f} min | "
+            f"{m['wall_seconds'] / 60:.1f} min |")
     return lines
 
 
@@ -96,7 +96,7 @@ def rank_table(ranks):
     return lines + [""]
 
 
-def copy_figures(folder, prefix):
+def copy_figures(folder, prefix, figures, docs):
     """Copy the experiment's own figures and each run's ``spectrum.png`` (the per-run accuracy and
     loss plots repeat what the experiment's figures show)."""
     copied = []
@@ -104,18 +104,21 @@ def copy_figures(folder, prefix):
         for file in sorted(files):
             if file.endswith(".png") and (root == folder or file == "spectrum.png"):
                 rel = os.path.relpath(os.path.join(root, file), folder).replace(os.sep, "_")
-                target = os.path.join(FIGURES, f"{prefix}_{rel}")
+                target = os.path.join(figures, f"{prefix}_{rel}")
                 shutil.copyfile(os.path.join(root, file), target)
-                copied.append(os.path.relpath(target, os.path.dirname(REPORT)))
+                copied.append(os.path.relpath(target, docs))
     return copied
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default=os.path.join(ROOT, "runs"), help="folder holding the experiment folders")
+    parser.add_argument("--docs", default=DOCS, help="documentation folder to write into (default docs/)")
     args = parser.parse_args(argv)
-    shutil.rmtree(FIGURES, ignore_errors=True)  # only this script writes there
-    os.makedirs(FIGURES)
+    report = os.path.join(args.docs, "reproduction_numbers.md")
+    figures = os.path.join(args.docs, "figures", "reproduction")
+    shutil.rmtree(figures, ignore_errors=True)  # only this script writes there
+    os.makedirs(figures)
     lines = ["# Reproduction: measured numbers", "",
              "Written by `python benchmarks/reproduction_report.py --runs runs` from the output folders of the",
              "commands in [reproduction.md](reproduction.md); the narrative and the verdicts are there.",
@@ -143,12 +146,12 @@ def main(argv=None):
         if not ranks:  # the other experiments: the runs that generalised (where collapse is defined)
             ranks = {name: rank_summary(m) for name, m in runs if m["steps_to_99_test"] is not None}
         lines += rank_table(ranks)
-        figures = copy_figures(folder, experiment)
-        lines += ["Figures: " + ", ".join(f"[{os.path.basename(f)}]({f})" for f in figures), ""]
-    with open(REPORT + ".tmp", "w") as f:
+        copied = copy_figures(folder, experiment, figures, args.docs)
+        lines += ["Figures: " + ", ".join(f"[{os.path.basename(f)}]({f})" for f in copied), ""]
+    with open(report + ".tmp", "w") as f:
         f.write("\n".join(lines))
-    os.replace(REPORT + ".tmp", REPORT)
-    print(f"wrote {REPORT} ({found} experiment folders) and figures in {FIGURES}")
+    os.replace(report + ".tmp", report)
+    print(f"wrote {report} ({found} experiment folders) and figures in {figures}")
     return 0 if found else 1
 
 

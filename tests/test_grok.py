@@ -92,6 +92,32 @@ def test_kernel_quick(tmp_path):
     check_run_dir(os.path.join(out, "convex_kernel"), 2, "convex")
 
 
+def test_reproduction_report_collects_the_runs(tmp_path, capsys):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "reproduction_report.py")
+    spec = importlib.util.spec_from_file_location("reproduction_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    runs, docs = tmp_path / "runs", tmp_path / "docs"
+    assert main(["kernel", "--quick", "--out-dir", str(runs / "kernel")]) == 0
+    assert report.main(["--runs", str(runs), "--docs", str(docs)]) == 0
+    text = (docs / "reproduction_numbers.md").read_text()
+    with open(runs / "kernel" / "summary.json") as f:
+        summary = json.load(f)
+    for r in summary["rows"]:  # one table row per run, with its numbers
+        assert f"| `{r['name']}` | periodicity | 97 | 2 | " in text
+        assert f"| {r['final_test_accuracy']:.3f} | {r['best_test_accuracy']:.3f} |" in text
+    claim = summary["claims"]["kernel_helps"]
+    assert f"- `kernel_helps`: {'null' if claim is None else str(claim).lower()}" in text
+    assert "Missing: no folder" in text and "## grok" in text          # the experiments not run
+    copied = sorted(os.listdir(docs / "figures" / "reproduction"))
+    assert copied == ["kernel_convex_kernel_spectrum.png", "kernel_convex_spectrum.png", "kernel_kernel_accuracy.png",
+                      "kernel_standard_spectrum.png"]
+    assert all(f"(figures/reproduction/{name})" in text for name in copied)
+
+
 def test_spectral_quick(tmp_path):
     out = str(tmp_path / "spectral")
     assert main(["spectral", "--quick", "--out-dir", out]) == 0
