@@ -17,6 +17,8 @@ import platform
 import shutil
 import sys
 
+import torch
+
 from cvxtransformer.experiments.spectra import rank_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +73,7 @@ def settings_line(runs):
     keys = ("dim", "gates", "heads", "lr", "beta", "weight_decay", "batch_size", "train_fraction", "seed", "threads")
     parts = []
     for k in keys:
-        values = sorted({json.dumps(m["config"][k]) for _, m in runs})
+        values = sorted({"default" if m["config"][k] is None else json.dumps(m["config"][k]) for _, m in runs})
         parts.append(f"{k} = {' / '.join(values)}")
     betas = sorted({m["beta"] for _, m in runs if m.get("beta") is not None})
     if betas:
@@ -110,6 +112,14 @@ def copy_figures(folder, prefix, figures, docs):
     return copied
 
 
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default=os.path.join(ROOT, "runs"), help="folder holding the experiment folders")
@@ -122,8 +132,8 @@ def main(argv=None):
     lines = ["# Reproduction: measured numbers", "",
              "Written by `python benchmarks/reproduction_report.py --runs runs` from the output folders of the",
              "commands in [reproduction.md](reproduction.md); the narrative and the verdicts are there.",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; every run "
-             "used one torch thread, two runs at a time.", ""]
+             f"Machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
+             f"{torch.__version__}; every run used one torch thread, up to two runs at a time.", ""]
     found = 0
     for experiment in EXPERIMENTS:
         folder = os.path.join(args.runs, experiment)
