@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .certificate import gap_safe_zero_groups
 from .errors import invalid
-from .regularizers import group_norms
 from .result import SolveResult
 from .solve import solve
 
@@ -111,15 +111,10 @@ def solve_path(problem, betas=None, n_betas=10, ratio=1e-2, tol=1e-6, progress=F
 
 
 def _screened_mask(problem, result):
-    """The backend's screened groups; without a backend run (beta >= beta_max, Z = 0) the sphere
-    test at the verifier's dual point, with the bound ``||A_g|| <= ||A_g||_F``."""
+    """The backend's screened groups; without a backend run (beta >= beta_max, Z = 0) the
+    verifier's sphere test (:func:`cvxtransformer.certificate.gap_safe_zero_groups`) at its dual point."""
     final = [h for h in result.history if "screened_mask" in h]
     if final:
         return final[-1]["screened_mask"]
-    c, program = result.certificate, problem.program
-    G = program.adjoint(c.V.reshape(problem.T.shape))
-    radius = np.sqrt(2.0 * max(c.duality_gap, 0.0) / problem.loss.strong_concavity)
-    sq = np.einsum("ikd,ikd->ik", program.X, program.X)
-    mask = np.ones((program.N, 1)) if program.mask is None else program.mask
-    frobenius = np.sqrt(mask.T @ sq)[:, None, :]  # (h, 1, n)
-    return group_norms(G) + radius * frobenius < problem.beta
+    c = result.certificate
+    return gap_safe_zero_groups(problem, c.V.reshape(problem.T.shape), c.duality_gap)
