@@ -1,26 +1,54 @@
 """cvxtransformer: convexified transformer attention, solved and certified exactly.
 
-Ergen, Neyshabur & Mehta, "Convexifying Transformers" (arXiv 2211.11052): with attention
-rows on the simplex, regularized training of attention-only networks (with or without a
-gated-ReLU FCN) is a group-lasso program, (8), (10) or (12). This package builds those
-programs and their duals, solves them, and certifies any solution.
+Ergen, Neyshabur & Mehta, "Convexifying Transformers" (arXiv 2211.11052): with attention rows on
+the simplex, regularized training of attention-only networks (with or without a gated-ReLU FCN)
+is a group-lasso program, (8), (10) or (12). Sahiner et al.: linear multi-head self-attention
+with weight decay is a nuclear-norm program, (6). This package builds those programs and their
+duals, solves them, and certifies any solution.
+
+Layers (each imports only the ones below it; see docs/architecture.md):
+
+* :mod:`cvxtransformer.core`: losses, regularisers, programs, problems, certificates, reductions;
+* :mod:`solvers` (a sibling package): Clarabel, SCS and the torch proximal-gradient backend;
+* :func:`solve`, :func:`certify`, :func:`solve_path`, :mod:`cvxtransformer.nn` (nonconvex
+  networks and their trainer), :mod:`cvxtransformer.datasets`;
+* :mod:`cvxtransformer.cli` and :mod:`cvxtransformer.experiments`.
+
+The names below are loaded on first use, so that importing a lower layer never imports an
+upper one (and ``import cvxtransformer`` is instant).
 """
-from .certificate import Certificate, certify, dual_feasible_point, kkt_residuals
-from .errors import CvxTransformerError, InvalidInputError, MissingDependencyError, SolverError
-from .losses import CrossEntropyLoss, LogisticLoss, SquaredLoss, get_loss
-from .path import PathPoint, beta_grid, solve_path
-from .problem import ConvexProblem, make_problem
-from .programs import Program, gate_mask, sample_gates
-from .recovery import NonconvexWeights, nonconvex_objective, recover_weights
-from .result import SolveResult
-from .solve import solve
+import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = [
-    "Certificate", "ConvexProblem", "CrossEntropyLoss", "CvxTransformerError", "InvalidInputError",
-    "LogisticLoss", "MissingDependencyError", "NonconvexWeights", "PathPoint", "Program", "SolveResult",
-    "SolverError", "SquaredLoss", "certify", "dual_feasible_point", "gate_mask", "get_loss",
-    "beta_grid", "kkt_residuals", "make_problem", "nonconvex_objective", "recover_weights", "sample_gates",
-    "solve", "solve_path",
-]
+_EXPORTS = {
+    "cvxtransformer.core.errors": ("CvxTransformerError", "InvalidInputError", "MissingDependencyError", "SolverError"),
+    "cvxtransformer.core.losses": ("CrossEntropyLoss", "LogisticLoss", "Loss", "SquaredLoss", "get_loss"),
+    "cvxtransformer.core.regularizers": ("GroupLasso", "NuclearNorm", "Regularizer"),
+    "cvxtransformer.core.programs": ("AttentionProgram", "gate_mask", "sample_gates"),
+    "cvxtransformer.core.mhsa": ("LinearMHSAProgram",),
+    "cvxtransformer.core.problem": ("ConvexProblem", "make_problem"),
+    "cvxtransformer.core.certificate": ("Certificate", "dual_feasible_point", "kkt_residuals"),
+    "cvxtransformer.core.reductions": ("AttentionHeads", "LinearMHSAReduction", "MHSAHeads", "Proposition1",
+                                       "nonconvex_objective", "recover_weights"),
+    "cvxtransformer.core.result": ("SolveResult",),
+    "cvxtransformer.solving": ("solve",),
+    "cvxtransformer.verify": ("certify",),
+    "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cvxtransformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,21 +1,21 @@
-"""Regularization path: programs (8), (10), (12) over a decreasing grid of beta, warm-started.
+"""Regularization path: any program over a decreasing grid of beta, warm-started.
 
 Each beta is solved by the torch backend (``solver="fista"``) from the solution at the previous
-beta, with gap-safe screening: groups whose dual constraint is certified slack by the sphere
-test of :func:`cvxtransformer.certificate.gap_safe_zero_groups` are discarded (exactly zero at
-every optimum). The operator norms the test needs are computed once for the whole path. Every
-point is certified by the verifier, as any :func:`cvxtransformer.solve` result.
+beta, with gap-safe screening: blocks whose dual constraint is certified slack by the sphere test
+(:func:`cvxtransformer.core.certificate.gap_safe_screen`) are discarded (exactly zero at every
+optimum): groups for the group lasso, singular directions (a proved rank bound) for the nuclear
+norm. The operator norms the test needs are computed once for the whole path. Every point is
+certified by the verifier, as any :func:`cvxtransformer.solve` result.
 """
-import numbers
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .certificate import gap_safe_zero_groups
-from .errors import invalid
-from .result import SolveResult
-from .solve import solve
+from .core.errors import invalid
+from .core.result import SolveResult
+from .core.validation import check_fraction, check_positive
+from .solving import solve
 
 
 @dataclass
@@ -24,9 +24,10 @@ class PathPoint:
 
     beta : the regularization weight
     result : the certified :class:`SolveResult` at this beta
-    screened : number of groups that gap-safe screening discarded (certified zero)
-    screened_mask : boolean array (h, c, n) of those groups (canonical group order)
-    n_groups : total number of groups h*c*n
+    screened : number of blocks that gap-safe screening discarded (groups, or singular directions)
+    screened_mask : boolean array of those blocks (the program's group shape, or one entry per
+        singular direction in decreasing order)
+    n_blocks : total number of blocks (groups h*c*n, or min(d^2, dc) singular directions)
     seconds : wall time of this beta (solve and verification)
     """
 
@@ -34,7 +35,7 @@ class PathPoint:
     result: SolveResult
     screened: int
     screened_mask: np.ndarray
-    n_groups: int
+    n_blocks: int
     seconds: float
 
     @property
@@ -48,16 +49,14 @@ class PathPoint:
     def summary(self):
         c = self.result.certificate
         return dict(beta=self.beta, relative_gap=c.relative_gap, certified=c.certified,
-                    screened=self.screened, n_groups=self.n_groups, support=c.support_size,
+                    screened=self.screened, n_blocks=self.n_blocks, support=c.support_size,
                     iterations=self.result.iterations, seconds=self.seconds)
 
 
 def beta_grid(beta_max, n_betas=10, ratio=1e-2):
     """``n_betas`` values from ``beta_max`` down to ``ratio * beta_max``, geometrically spaced."""
-    if isinstance(n_betas, bool) or not isinstance(n_betas, numbers.Integral) or n_betas < 1:
-        raise invalid("n_betas", "an integer >= 1", repr(n_betas))
-    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio < 1:
-        raise invalid("ratio", "a number in (0, 1): beta_min / beta_max", repr(ratio))
+    n_betas = check_positive("n_betas", n_betas, integer=True)
+    ratio = check_fraction("ratio", ratio, "a number in (0, 1): beta_min / beta_max")
     return beta_max * np.geomspace(1.0, ratio, n_betas)
 
 
@@ -89,7 +88,10 @@ def solve_path(problem, betas=None, n_betas=10, ratio=1e-2, tol=1e-6, progress=F
     beta_max = problem.beta_max()
     if betas is None:
         betas = beta_grid(beta_max, n_betas, ratio)
-    betas = np.asarray(betas, dtype=float).ravel()
+    try:
+        betas = np.asarray(betas, dtype=float).ravel()
+    except (TypeError, ValueError):
+        raise invalid("betas", "a list of finite numbers > 0", repr(betas)) from None
     if betas.size == 0 or not np.all(np.isfinite(betas)) or np.any(betas <= 0):
         raise invalid("betas", "a non-empty list of finite numbers > 0", repr(betas.tolist()))
     options = dict(options, screen_norms="exact")
@@ -97,24 +99,13 @@ def solve_path(problem, betas=None, n_betas=10, ratio=1e-2, tol=1e-6, progress=F
     for beta in np.sort(betas)[::-1]:
         sub = problem.with_beta(float(beta))
         t0 = time.perf_counter()
-        # the backend screens (and its prox returns exact zeros): no second screening in solve()
-        result = solve(sub, solver="fista", tol=tol, screen=False, init=Z, progress=progress, **options)
+        result = solve(sub, solver="fista", tol=tol, init=Z, progress=progress, **options)
         seconds = time.perf_counter() - t0
-        mask = _screened_mask(sub, result)
+        mask = result.screened
         points.append(PathPoint(float(beta), result, int(mask.sum()), mask, mask.size, seconds))
         Z = result.Z
         if progress:
             s = points[-1].summary()
             print(f"path beta {beta:.4g} ({beta / beta_max:.3g} beta_max): rel gap {s['relative_gap']:.2e}, "
-                  f"screened {s['screened']}/{s['n_groups']}, support {s['support']}, {seconds:.2f}s")
+                  f"screened {s['screened']}/{s['n_blocks']}, support {s['support']}, {seconds:.2f}s")
     return points
-
-
-def _screened_mask(problem, result):
-    """The backend's screened groups; without a backend run (beta >= beta_max, Z = 0) the
-    verifier's sphere test (:func:`cvxtransformer.certificate.gap_safe_zero_groups`) at its dual point."""
-    final = [h for h in result.history if "screened_mask" in h]
-    if final:
-        return final[-1]["screened_mask"]
-    c = result.certificate
-    return gap_safe_zero_groups(problem, c.V.reshape(problem.T.shape), c.duality_gap)

@@ -1,37 +1,25 @@
 """Solver backends of cvxtransformer.
 
-A backend is a function ``backend(problem, form, tol, verbose, **options) -> BackendOutput``
-that returns canonical coefficients Z of shape (h, c, n, d) and a candidate dual point;
-:func:`cvxtransformer.solve` certifies whatever it returns. Backends are looked up by name
-in :data:`BACKENDS` and imported only when used, so a missing optional dependency fails
-only for the backend that needs it.
+Each backend is a :class:`~solvers.base.Solver` class: its ``forms``, what it ``requires`` of the
+problem's loss, regulariser and program, its optional ``packages`` and ``options``, checked by
+``validate`` before it runs. :data:`SOLVERS` is the typed registry that
+:func:`cvxtransformer.solve` looks backends up in. This package depends on
+:mod:`cvxtransformer.core` only.
 """
-from dataclasses import dataclass, field
-from importlib import import_module
+from .base import Solver
+from .cvxpy_solvers import SCS, Clarabel
+from .proxgrad import ProxGrad
 
-import numpy as np
-
-
-@dataclass
-class BackendOutput:
-    Z4: np.ndarray
-    V: np.ndarray
-    status: str
-    build_seconds: float
-    solve_seconds: float
-    iterations: int = None
-    history: list = field(default_factory=list)
+SOLVERS = {cls.name: cls for cls in (Clarabel, SCS, ProxGrad)}
 
 
-# name -> (module, function, forms it supports)
-BACKENDS = {
-    "clarabel": ("solvers.cvxpy_backend", "solve_clarabel", ("primal", "dual")),
-    "scs": ("solvers.cvxpy_backend", "solve_scs", ("primal", "dual")),
-    "fista": ("solvers.fista", "solve_fista", ("primal",)),
-}
+def get_solver(name):
+    """A solver instance by name ("clarabel", "scs", "fista"); errors name the argument."""
+    from cvxtransformer.core.errors import invalid
+
+    if not isinstance(name, str) or name not in SOLVERS:
+        raise invalid("solver", f"one of {sorted(SOLVERS)}", repr(name))
+    return SOLVERS[name]()
 
 
-def get_backend(name):
-    """The backend function and the forms it supports, for a solver name."""
-    module, function, forms = BACKENDS[name]
-    return getattr(import_module(module), function), forms
+__all__ = ["SOLVERS", "Clarabel", "ProxGrad", "SCS", "Solver", "get_solver"]

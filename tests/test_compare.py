@@ -74,9 +74,9 @@ def test_the_reported_objective_is_the_saved_networks_objective(data, capsys):
     with np.load(data["vector"]) as f:
         X, y = f["X"], f["y"]
     with np.load(out / "alternative.npz") as f:
-        weights = ct.NonconvexWeights(f["W1"], f["W2"], f["W3"])
+        weights = ct.AttentionHeads(f["W1"], f["W2"], f["W3"])
     problem = ct.make_problem(X, y, program=10, loss="squared", beta=2.0)
-    value = ct.nonconvex_objective(X, problem.T, problem.loss, weights, 2.0)
+    value = ct.nonconvex_objective(problem, weights)
     assert s["models"]["alternative"]["objective"] == pytest.approx(value, rel=1e-12)
     assert value >= ct.certify(problem, np.load(out / "convex_p10.npz")["Z"]).dual_objective
 
@@ -109,15 +109,15 @@ def test_same_seed_same_numbers(data, capsys):
 
 @pytest.mark.parametrize("extra, match", [
     (["--models", "alternative,transformer"], "--models: expected a comma-separated list"),
-    (["--steps", "0"], "steps: expected an integer > 0"),
-    (["--lr", "-1"], "lr: expected a finite number > 0"),
-    (["--lr", "0"], "lr: expected"),
-    (["--optimizer", "lbfgs"], "optimizer: expected one of"),
+    (["--steps", "0"], "--steps: expected an integer >= 1"),
+    (["--lr", "-1"], "--lr: expected a number > 0"),
+    (["--lr", "0"], "--lr: expected"),
+    (["--optimizer", "lbfgs"], "--optimizer: invalid choice"),
     (["--heads", "0"], "--heads: expected an integer >= 1"),
     (["--batch-size", "1000"], "batch_size: expected at most"),
-    (["--beta", "-1"], "beta: expected a finite number > 0"),
+    (["--beta", "-1"], "--beta: expected a number > 0"),
     (["--gates", "0"], "--gates"),
-    (["--solver", "cplex"], "--solver: expected one of"),
+    (["--solver", "cplex"], "--solver: invalid choice"),
 ])
 def test_user_errors_exit_2_with_one_line_and_write_nothing(data, capsys, extra, match):
     out = data["tmp"] / "never"

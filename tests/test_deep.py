@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import cvxtransformer as ct
-from cvxtransformer.deep import ConvexLayer, DeepConvexNetwork, StandardTransformer, build_model
-from cvxtransformer.errors import InvalidInputError
-from cvxtransformer.regularizers import GroupLasso
+from cvxtransformer.nn.deep import ConvexLayer, DeepConvexNetwork, StandardTransformer, build_model
+from cvxtransformer.core.errors import InvalidInputError
+from cvxtransformer.core.regularizers import GroupLasso
 
 V, n, C = 11, 4, 5
 
@@ -55,7 +55,7 @@ def test_layer_is_program_12_per_output_token():
     Z = layer.Z.detach().numpy()
     out = layer(torch.tensor(X)).detach().numpy()
     np.testing.assert_allclose(out, problem.program.forward(Z), atol=1e-12)
-    np.testing.assert_allclose(layer.mask(torch.tensor(X)).numpy(), ct.gate_mask(X, problem.U1, problem.U2))
+    np.testing.assert_allclose(layer.mask(torch.tensor(X)).numpy(), ct.gate_mask(X, problem.program.U1, problem.program.U2))
     assert 0.7 * layer.penalty().item() == pytest.approx(GroupLasso(0.7).value(Z), rel=1e-12)
     np.testing.assert_allclose(out.reshape(20, n, 3)[:, 1], out[:, 3:6])   # token 1 is outputs 3..5
 
@@ -67,7 +67,7 @@ def test_last_layer_with_others_fixed_is_program_12(layers, kernel):
     tok, y = tokens()
     beta = 0.3
     problem, Z = net.last_layer_problem(tok, y.numpy(), beta)
-    assert problem.program.number == 12 and problem.program.canonical_shape == Z.shape
+    assert problem.program.number == 12 and problem.program.shape == Z.shape
     with torch.no_grad():
         total = net.objective(tok, y, beta).item()
         others = beta * float(net.extra_penalty()) if layers > 1 else 0.0

@@ -9,8 +9,8 @@ from scipy.linalg import hadamard
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cvxtransformer as ct
-from cvxtransformer.errors import InvalidInputError
-from cvxtransformer.fastfood import Fastfood, fwht, next_power_of_two, precondition
+from cvxtransformer.core.errors import InvalidInputError
+from cvxtransformer.nn.fastfood import Fastfood, fwht, next_power_of_two, precondition
 
 
 # ----------------------------------------------------------------------------- the transform
@@ -178,7 +178,7 @@ def test_precondition_feeds_any_convex_program():
     np.testing.assert_allclose(F, X @ ff.matrix().T, atol=1e-12)
     for program, y, loss in ((8, rng.standard_normal(30), "squared"), (10, rng.integers(0, 3, 30), "cross_entropy"),
                              (12, rng.standard_normal((30, 2)), "squared")):
-        problem = ct.make_problem(F, y, program=program, loss=loss, beta=1.0, heads=3)
+        problem = ct.make_problem(F, y, program=program, loss=loss, beta=1.0, gates=3)
         result = ct.solve(problem.with_beta(0.3 * problem.beta_max()), tol=1e-5)
         assert result.certified
     assert precondition(X)[0].shape == (30, 4, 8)        # default D = next power of two

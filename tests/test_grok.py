@@ -10,7 +10,7 @@ from cvxtransformer.cli import main
 from cvxtransformer.experiments.runner import RunConfig, _first, run
 from cvxtransformer.experiments.spectra import rank_summary
 from cvxtransformer.experiments.suite import claims
-from cvxtransformer.spectral import SpectralTracker, effective_rank, singular_values, stable_rank
+from cvxtransformer.nn.spectral import SpectralTracker, effective_rank, singular_values, stable_rank
 
 METRICS = ("steps_to_99_train", "steps_to_99_test", "grokking_steps", "final_train_accuracy",
            "final_test_accuracy", "final_test_loss", "curves", "spectral", "config", "status")

@@ -3,7 +3,7 @@ import cvxpy as cp
 import numpy as np
 import pytest
 
-from cvxtransformer.losses import CrossEntropyLoss, LogisticLoss, SquaredLoss, project_rows_to_simplex
+from cvxtransformer.core.losses import CrossEntropyLoss, LogisticLoss, SquaredLoss, project_rows_to_simplex
 
 rng = np.random.default_rng(3)
 N, C = 7, 4
@@ -105,3 +105,41 @@ def test_simplex_projection_against_cvxpy():
     x = cp.Variable((5, 6))
     cp.Problem(cp.Minimize(cp.sum_squares(x - P)), [x >= 0, cp.sum(x, axis=1) == 1]).solve(solver="CLARABEL")
     np.testing.assert_allclose(project_rows_to_simplex(P), x.value, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_torch_face_matches_numpy_face(name):
+    import torch
+
+    loss, T, Yhat, V = random_point(name)
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
+    assert float(loss.value(t(Yhat), t(T))) == pytest.approx(loss.value(Yhat, T), rel=1e-14)
+    np.testing.assert_allclose(loss.dual_variable(t(Yhat), t(T)).numpy(), V, rtol=1e-14, atol=1e-15)
+    for s in (1.0, 0.37):
+        assert float(loss.dual_objective(t(V), t(T), s)) == pytest.approx(loss.dual_objective(s * V, T), rel=1e-13)
+    # float32 inputs, float64 accumulation: close to the float64 values, and a float64 result
+    value32 = loss.value(t(Yhat).float(), t(T).float())
+    assert value32.dtype == torch.float64 and float(value32) == pytest.approx(loss.value(Yhat, T), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_capabilities_hold_numerically(name):
+    loss, T, _, _ = random_point(name)
+    # lipschitz: ||grad L(a) - grad L(b)|| <= lipschitz ||a - b|| per sample, tight for some pair
+    ratios = []
+    for _ in range(200):
+        a, b = 3 * rng.standard_normal(T.shape), 3 * rng.standard_normal(T.shape)
+        ga, gb = loss.gradient(a, T), loss.gradient(b, T)
+        ratios.append(np.max(np.linalg.norm(ga - gb, axis=1) / np.linalg.norm(a - b, axis=1)))
+    assert max(ratios) <= loss.lipschitz * (1 + 1e-12)
+    # quadratic: L(a + t d) is a quadratic in t (its third difference vanishes)
+    a, d = rng.standard_normal(T.shape), rng.standard_normal(T.shape)
+    f = [loss.value(a + k * d, T) for k in range(4)]
+    third = f[3] - 3 * f[2] + 3 * f[1] - f[0]
+    assert (abs(third) <= 1e-9 * max(map(abs, f))) == loss.quadratic
+    # strong concavity of D: D(V + t W) <= D(V) + t <grad D, W> - mu t^2 / 2 ||W||^2, on the domain
+    V = loss.dual_variable(rng.standard_normal(T.shape), T)
+    W = loss.dual_variable(rng.standard_normal(T.shape), T) - V  # a direction inside the domain
+    h = 1e-6
+    dd = (loss.dual_objective(V + h * W, T) - 2 * loss.dual_objective(V, T) + loss.dual_objective(V - h * W, T)) / h**2
+    assert dd <= -loss.strong_concavity * np.sum(W * W) * (1 - 1e-3)

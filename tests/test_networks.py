@@ -5,23 +5,30 @@ import torch
 from scipy.special import softmax
 
 import cvxtransformer as ct
-from cvxtransformer.losses import get_loss, project_rows_to_simplex
-from cvxtransformer.networks import (AlternativeAttention, GatedAttention, SoftmaxAttention, build_network,
-                                     loss_sum, project_rows_to_simplex_)
+from cvxtransformer.core.losses import get_loss, project_rows_to_simplex
+from cvxtransformer.nn.networks import AlternativeAttention, GatedAttention, SoftmaxAttention, build_network
 
-from conftest import CASES, case_id, random_problem
+from conftest import GROUP_LASSO_CASES as CASES
+from conftest import case_id, random_problem
 
 
 def objective(net, problem):
     return net.objective(net.encode_inputs(problem.program.X), problem.T, problem.loss, problem.beta).item()
 
 
-def load_recovered(problem, Z4, form):
-    weights = ct.recover_weights(Z4, gated=problem.program.number == 12, form=form)
-    c = problem.T.shape[1]
-    if problem.program.number == 12:
-        return GatedAttention.from_weights(weights, problem.U1, problem.U2, c=c)
+def load_recovered(problem, Z, form):
+    weights = ct.recover_weights(problem, Z, form=form)
+    c, p = problem.T.shape[1], problem.program
+    if p.number == 12:
+        return GatedAttention.from_weights(weights, p.U1, p.U2, c=c)
     return AlternativeAttention.from_weights(weights, c=c)
+
+
+def network(problem, heads, seed):
+    n, d, c, p = problem.program.n, problem.program.d, problem.T.shape[1], problem.program
+    if p.number == 12:
+        return GatedAttention(n, d, c, heads, p.U1, p.U2, seed=seed)
+    return AlternativeAttention(n, d, c, heads, seed=seed)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -29,26 +36,21 @@ def load_recovered(problem, Z4, form):
 def test_recovered_weights_reproduce_the_convex_optimum(case, form):
     problem = random_problem(*case)
     result = ct.solve(problem)
-    Z4 = problem.program.to_canonical(result.Z)
-    net = load_recovered(problem, Z4, form)
+    net = load_recovered(problem, result.Z, form)
     P_star = result.certificate.primal_objective
     assert net.heads == result.certificate.heads_recovered > 0
     assert objective(net, problem) == pytest.approx(P_star, rel=1e-12, abs=1e-12)
     # The network implements exactly the convex coefficients it was loaded from.
-    np.testing.assert_allclose(net.effective_coefficients(), Z4, atol=1e-14)
+    np.testing.assert_allclose(net.effective_coefficients(), result.Z.reshape(problem.program.canonical_shape),
+                               atol=1e-14)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_torch_objective_matches_numpy_nonconvex_objective(case):
     problem = random_problem(*case)
-    n, d, c = problem.program.n, problem.program.d, problem.T.shape[1]
     for heads, seed in ((1, 0), (7, 1)):
-        if problem.program.number == 12:
-            net = GatedAttention(n, d, c, heads, problem.U1, problem.U2, seed=seed)
-        else:
-            net = AlternativeAttention(n, d, c, heads, seed=seed)
-        expected = ct.nonconvex_objective(problem.program.X, problem.T, problem.loss, net.to_weights(),
-                                          problem.beta, problem.U1, problem.U2)
+        net = network(problem, heads, seed)
+        expected = ct.nonconvex_objective(problem, net.to_weights())
         assert objective(net, problem) == pytest.approx(expected, rel=1e-12)
 
 
@@ -56,12 +58,10 @@ def test_torch_objective_matches_numpy_nonconvex_objective(case):
 def test_any_network_is_above_the_convex_objective_of_its_coefficients(case):
     problem = random_problem(*case)
     D = ct.solve(problem).certificate.dual_objective
-    n, d, c = problem.program.n, problem.program.d, problem.T.shape[1]
     for seed in range(3):
-        net = (GatedAttention(n, d, c, 5, problem.U1, problem.U2, seed=seed) if problem.program.number == 12
-               else AlternativeAttention(n, d, c, 5, seed=seed))
+        net = network(problem, 5, seed)
         value = objective(net, problem)
-        assert value >= problem.primal_objective(net.effective_coefficients()) - 1e-9
+        assert value >= problem.primal_objective(net.effective_coefficients().reshape(problem.program.shape)) - 1e-9
         assert value >= D
 
 
@@ -75,21 +75,21 @@ def test_torch_losses_match_numpy_even_at_large_margins(loss, targets):
     T = targets(rng)
     Yhat = 40 * rng.standard_normal(T.shape)  # softplus thresholds would be off by ~1e-9 here
     expected = get_loss(loss).value(Yhat, T)
-    assert loss_sum(loss, torch.tensor(Yhat), torch.tensor(T)).item() == pytest.approx(expected, rel=1e-13)
+    assert get_loss(loss).value(torch.tensor(Yhat), torch.tensor(T)).item() == pytest.approx(expected, rel=1e-13)
 
 
 def test_simplex_projection_matches_numpy_and_is_idempotent():
-    W = torch.tensor(np.random.default_rng(0).standard_normal((6, 5)) * 3)
-    expected = project_rows_to_simplex(W.numpy())
-    project_rows_to_simplex_(W)
+    net = AlternativeAttention(5, 2, 1, 6)
+    with torch.no_grad():
+        net.W1.copy_(torch.tensor(np.random.default_rng(0).standard_normal((6, 5)) * 3))
+    expected = project_rows_to_simplex(net.W1.detach().numpy())
+    net.project_()
+    W = net.W1.detach()
     np.testing.assert_allclose(W.numpy(), expected, atol=1e-15)
     assert torch.all(W >= 0) and torch.allclose(W.sum(dim=1), torch.ones(6, dtype=W.dtype))
-    before = W.clone()
-    project_rows_to_simplex_(W)
-    assert torch.equal(W, before)
+    assert torch.equal(project_rows_to_simplex(W), W)  # idempotent
     vertex = torch.eye(5, dtype=torch.float64)
-    project_rows_to_simplex_(vertex)
-    assert torch.equal(vertex, torch.eye(5, dtype=torch.float64))
+    assert torch.equal(project_rows_to_simplex(vertex), vertex)
 
 
 def test_alternative_network_hand_checkable():
@@ -160,6 +160,6 @@ def test_errors_name_the_argument():
         AlternativeAttention(2, 1, 1, 1).encode_inputs(np.ones((3, 2, 2)))
     with pytest.raises(ct.InvalidInputError, match="c: expected a multiple of n"):
         SoftmaxAttention(4, 2, 6, sequence=True)
-    weights = ct.recover_weights(np.ones((1, 1, 2, 2)), gated=False)
+    weights = ct.recover_weights(ct.make_problem(np.ones((3, 2, 2)), np.ones((3, 1)), program=10), np.ones((1, 2, 2)))
     with pytest.raises(ct.InvalidInputError, match="weights.gate"):
         GatedAttention.from_weights(weights, np.ones((1, 2)), np.ones((1, 2)))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import cvxtransformer as ct
-from cvxtransformer.programs import Program
+from cvxtransformer.core.programs import AttentionProgram
 
 rng = np.random.default_rng(11)
 N, n, d, c, h = 9, 4, 3, 2, 5
@@ -31,21 +31,23 @@ def test_gate_mask_matches_definition():
 @pytest.mark.parametrize("gated", [False, True])
 def test_forward_and_adjoint(gated):
     M = explicit_mask() if gated else None
-    prog = Program(12 if gated else 10, X, c, M)
+    prog = AttentionProgram(12, X, c, U1, U2) if gated else AttentionProgram(10, X, c)
     Z4 = rng.standard_normal(prog.canonical_shape)
-    np.testing.assert_allclose(prog.forward(Z4), explicit_forward(Z4, M if gated else np.ones((N, 1))),
+    Z = Z4.reshape(prog.shape)  # the program's one shape: (c, n, d) for (10), (h, c, n, d) for (12)
+    np.testing.assert_allclose(prog.forward(Z), explicit_forward(Z4, M if gated else np.ones((N, 1))),
                                rtol=1e-12)
     V = rng.standard_normal((N, c))
-    G = prog.adjoint(V)
+    assert prog.adjoint(V).shape == prog.shape
+    G = prog.adjoint(V).reshape(prog.canonical_shape)
     # <A Z, V> = <Z, A^T V>
-    assert np.sum(prog.forward(Z4) * V) == pytest.approx(np.sum(Z4 * G), rel=1e-12)
+    assert np.sum(prog.forward(Z) * V) == pytest.approx(np.sum(Z4 * G), rel=1e-12)
     # the dual constraint of SPEC.md (28)/(33): G[j, l, k] = sum_i V_il M_ij x_ik
     Mm = M if gated else np.ones((N, 1))
     j, l, k = prog.h - 1, c - 1, 1
     np.testing.assert_allclose(G[j, l, k], sum(V[i, l] * Mm[i, j] * X[i, k] for i in range(N)), rtol=1e-12)
     # the dense design reproduces the forward map
     W = Z4.transpose(0, 2, 3, 1).reshape(-1, c)
-    np.testing.assert_allclose(prog.design() @ W, prog.forward(Z4), rtol=1e-12)
+    np.testing.assert_allclose(prog.design() @ W, prog.forward(Z), rtol=1e-12)
 
 
 def test_program_8_is_10_with_one_output_and_10_is_12_with_an_open_gate():
@@ -55,15 +57,15 @@ def test_program_8_is_10_with_one_output_and_10_is_12_with_an_open_gate():
     p12 = ct.make_problem(X, y[:, None], program=12, beta=1.0, U1=np.zeros((1, n)), U2=np.zeros((1, d)))
     Z = rng.standard_normal((n, d))
     assert p8.program.shape == (n, d) and p10.program.shape == (1, n, d) and p12.program.shape == (1, 1, n, d)
-    values = [p.primal_objective(p.program.to_canonical(Z.reshape(p.program.shape))) for p in (p8, p10, p12)]
+    values = [p.primal_objective(Z.reshape(p.program.shape)) for p in (p8, p10, p12)]
     assert values[0] == pytest.approx(values[1], rel=1e-14) and values[0] == pytest.approx(values[2], rel=1e-14)
     assert p8.beta_max() == pytest.approx(p12.beta_max(), rel=1e-14)
 
 
 def test_group_operator_norms_are_spectral_norms():
     M = explicit_mask()
-    prog = Program(12, X, c, M)
-    norms = prog.group_operator_norms()
+    prog = AttentionProgram(12, X, c, U1, U2)
+    norms = prog.block_norms()
     j, k = 3, 2
     B = np.stack([M[i, j] * X[i, k] for i in range(N)], axis=1)  # d x N
     assert norms[j, 0, k] == pytest.approx(np.linalg.norm(B, 2), rel=1e-10)

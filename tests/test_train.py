@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import cvxtransformer as ct
-from cvxtransformer.networks import AlternativeAttention, GatedAttention, SoftmaxAttention
-from cvxtransformer.train import metrics, train
+from cvxtransformer.nn.networks import AlternativeAttention, GatedAttention, SoftmaxAttention
+from cvxtransformer.nn.trainer import train
 
 from conftest import random_problem
 
@@ -15,10 +15,9 @@ from conftest import random_problem
 def independent_lower_bound(problem, Z):
     """D(V) recomputed here from SPEC.md's formulas only (squared loss): V = s (T - yhat(Z)),
     s = min(1, beta / max_{j,l,k} ||sum_i V_il M_ij x_ik||), D(V) = <V, T> - ||V||^2 / 2."""
-    X, T, beta = problem.program.X, problem.T, problem.beta
+    X, T, beta, U1, U2 = problem.program.X, problem.T, problem.beta, problem.program.U1, problem.program.U2
     N = X.shape[0]
-    M = np.ones((N, 1)) if problem.U1 is None else (
-        np.einsum("jk,ikd,jd->ij", problem.U1, X, problem.U2) >= 0).astype(float)
+    M = np.ones((N, 1)) if U1 is None else (np.einsum("jk,ikd,jd->ij", U1, X, U2) >= 0).astype(float)
     Z4 = np.asarray(Z).reshape(M.shape[1], T.shape[1], X.shape[1], X.shape[2])
     Yhat = np.einsum("ij,jlkd,ikd->il", M, Z4, X)
     V = T - Yhat
@@ -42,15 +41,14 @@ def test_adam_never_reports_an_objective_below_the_certified_bound(seed):
         assert run.objective >= bound
         assert run.objective < run.history.objective[0]
         # The recorded final objective is the network's objective, recomputed independently.
-        assert run.objective == pytest.approx(ct.nonconvex_objective(
-            problem.program.X, problem.T, problem.loss, net.to_weights(), problem.beta), rel=1e-12)
+        assert run.objective == pytest.approx(ct.nonconvex_objective(problem, net.to_weights()), rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_gated_network_stays_above_the_bound_of_program_12(seed):
-    problem = random_problem(12, "squared", "vector", seed=seed, N=40, n=4, d=3, heads=3)
+    problem = random_problem(12, "squared", "vector", seed=seed, N=40, n=4, d=3, gates=3)
     bound = independent_lower_bound(problem, ct.solve(problem).Z)
-    net = GatedAttention(4, 3, problem.T.shape[1], 18, problem.U1, problem.U2, seed=seed)
+    net = GatedAttention(4, 3, problem.T.shape[1], 18, problem.program.U1, problem.program.U2, seed=seed)
     run = train(net, problem.program.X, problem.T, "squared", problem.beta, lr=0.05, steps=200,
                 batch_size=16, seed=seed)
     assert np.all(run.history.objective >= bound)
@@ -75,11 +73,11 @@ def test_history_shapes_and_metrics():
 
 def test_metrics():
     T = np.array([[1.0], [-1.0], [1.0]])
-    loss, acc = metrics("logistic", np.array([[2.0], [1.0], [-1.0]]), T)
-    assert acc == pytest.approx(1 / 3) and loss == pytest.approx(ct.get_loss("logistic").value(
-        np.array([[2.0], [1.0], [-1.0]]), T) / 3)
-    assert math.isnan(metrics("squared", np.zeros((2, 1)), np.ones((2, 1)))[1])
-    assert metrics("cross_entropy", np.array([[1.0, 0.0], [2.0, 0.0]]), np.eye(2))[1] == 0.5
+    logistic = ct.get_loss("logistic")
+    loss, acc = logistic.metrics(np.array([[2.0], [1.0], [-1.0]]), T)
+    assert acc == pytest.approx(1 / 3) and loss == pytest.approx(logistic.value(np.array([[2.0], [1.0], [-1.0]]), T) / 3)
+    assert math.isnan(ct.get_loss("squared").metrics(np.zeros((2, 1)), np.ones((2, 1)))[1])
+    assert ct.get_loss("cross_entropy").metrics(np.array([[1.0, 0.0], [2.0, 0.0]]), np.eye(2))[1] == 0.5
 
 
 @pytest.mark.parametrize("batch_size", [None, 8])
@@ -136,7 +134,7 @@ def test_progress_bar_can_be_silenced(capsys):
     (dict(optimizer="rmsprop"), "optimizer: expected one of"),
     (dict(lr=0.0), "lr: expected a finite number > 0"),
     (dict(lr=float("nan")), "lr: expected"),
-    (dict(steps=0), "steps: expected an integer > 0"),
+    (dict(steps=0), "steps: expected an integer >= 1"),
     (dict(steps=2.5), "steps: expected an integer"),
     (dict(batch_size=0), "batch_size: expected"),
     (dict(batch_size=1000), "batch_size: expected at most the number of samples"),

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import invalid
+from ..core.errors import invalid
 
 
 class AlgorithmicData(NamedTuple):

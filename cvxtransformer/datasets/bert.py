@@ -20,8 +20,8 @@ import os
 
 import numpy as np
 
-from ..errors import MissingDependencyError, invalid
-from ..result import save_npz_atomic
+from ..core.errors import MissingDependencyError, invalid
+from ..core.io import save_npz
 
 
 def _transformers():
@@ -127,5 +127,5 @@ def save_bert_student_teacher(path, train_pairs, test_pairs=None, **kwargs):
     arrays = {"X": X, "y": Y}
     if test_pairs is not None:
         arrays["X_test"], arrays["y_test"] = bert_student_teacher(test_pairs, **kwargs)
-    save_npz_atomic(path, **arrays)
+    save_npz(path, **arrays)
     return arrays

@@ -2,7 +2,7 @@
 import numpy as np
 from scipy.special import softmax
 
-from ..errors import invalid
+from ..core.errors import invalid
 
 
 def student_teacher(N=200, n=8, d=6, c=3, heads=2, noise=0.05, teacher="simplex", sequence=False, seed=0):

@@ -5,6 +5,6 @@ curves and spectra; :mod:`.plots` draws them; :mod:`.grok`, :mod:`.suite`, :mod:
 :mod:`.spectra` are the command-line subcommands ``grok``, ``grok-suite``, ``kernel`` and
 ``spectral`` (see ``docs/reproduction.md``).
 """
-from .runner import RunConfig, run, write_run
+from .config import RunConfig
 
-__all__ = ["RunConfig", "run", "write_run"]
+__all__ = ["RunConfig"]

@@ -10,12 +10,9 @@ reached), ``grokking_steps``, ``final_train_accuracy``, ``final_test_accuracy``,
 spectral summaries), ``spectra.npz`` (every singular value recorded) and ``accuracy.png``,
 ``loss.png``, ``spectrum.png``. Exit code 0 when the run finished (whatever its accuracy).
 """
-import json
 import os
 
-from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, load_finished, prepare_out_dir,
-                     write_run)
-from .runner import run as run_experiment
+from .config import QUICK, add_model_arguments, add_task_arguments, config_from_args
 
 
 def configure(parser):
@@ -34,6 +31,10 @@ def summary(metrics):
 
 def run(args):
     """Entry point of the command line: ``run(args) -> exit code``."""
+    from ..core.io import dumps, prepare_out_dir
+    from .runner import load_finished, write_run
+    from .runner import run as run_experiment
+
     config = config_from_args(args, **(QUICK if args.quick else {}))
     config.validate()
     prepare_out_dir(args.out_dir)
@@ -46,7 +47,7 @@ def run(args):
                                                                  "loss.png", "spectrum.png")]
     s = summary(metrics)
     if args.json:
-        print(json.dumps(dict(s, files=files)))
+        print(dumps(dict(s, files=files)))
     else:
         fmt = lambda v: "not reached" if v is None else v
         print(f"{s['label']} on {config.task} mod {config.modulus}: {s['status']} after {s['steps_done']} steps "

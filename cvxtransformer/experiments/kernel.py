@@ -12,10 +12,9 @@ Each run goes to ``DIR/<name>/`` as ``cvxtransformer grok`` writes it; then ``ke
 accuracy higher by more than one percentage point than the plain convex one; null when the two
 are within that margin).
 """
-import json
 import os
 
-from .runner import QUICK, add_model_arguments, add_task_arguments, row, run_convex_pair, write_json_atomic
+from .config import QUICK, add_model_arguments, add_task_arguments
 
 
 def configure(parser):
@@ -42,7 +41,9 @@ def kernel_helps(plain, kernel):
 
 def run(args):
     """Entry point of the command line: ``run(args) -> exit code``."""
+    from ..core.io import dumps, write_json
     from . import plots
+    from .runner import row, run_convex_pair
 
     quick = QUICK if args.quick else {}
     base = dict(task=args.task, modulus=args.modulus, layers=args.layers, **quick)
@@ -55,7 +56,7 @@ def run(args):
     summary = {"rows": rows, "claims": {"kernel_helps": kernel_helps(results["convex"], results["convex_kernel"])},
                "kernel_features": D, "figures": {"kernel_accuracy.png": figure},
                "total_wall_seconds": sum(r["wall_seconds"] for r in rows)}
-    write_json_atomic(os.path.join(args.out_dir, "summary.json"), summary)
-    print(json.dumps(summary["claims"]))
+    write_json(os.path.join(args.out_dir, "summary.json"), summary)
+    print(dumps(summary["claims"]))
     print(f"wrote {os.path.join(args.out_dir, 'summary.json')} ({summary['total_wall_seconds']:.0f} s in all)")
     return 0

@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ..core.io import save_figure  # noqa: E402
+
 COLORS = {"convex": "tab:green", "standard": "tab:purple"}
 
 
@@ -41,8 +43,7 @@ def _save(fig, path, title):
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_accuracy(runs, path, title=None):

@@ -18,8 +18,7 @@ import os
 
 import numpy as np
 
-from .runner import (QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every, row,
-                     run_convex_pair, write_json_atomic)
+from .config import QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every
 
 COLLAPSE = 0.5
 
@@ -62,6 +61,9 @@ def run(args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..core.io import save_figure, write_json
+    from .runner import row, run_convex_pair
+
     quick = QUICK if args.quick else {}
     base = dict(task=args.task, modulus=args.modulus, layers=args.layers, **quick)
     if args.spectral_every is None:  # spectra at every evaluation
@@ -89,14 +91,13 @@ def run(args):
     fig.suptitle(f"{args.task} mod {args.modulus}, L = {args.layers}: effective rank during training")
     fig.tight_layout()
     figure = os.path.join(args.out_dir, "effective_rank.png")
-    fig.savefig(figure, dpi=110)
-    plt.close(fig)
+    save_figure(fig, figure, dpi=110)
 
     summary = {"rows": [row(m, name=name) for name, m in results.items()],
                "effective_rank": {name: rank_summary(m) for name, m in results.items()},
                "collapse_threshold": COLLAPSE, "figures": {"effective_rank.png": figure},
                "total_wall_seconds": sum(m["wall_seconds"] for m in results.values())}
-    write_json_atomic(os.path.join(args.out_dir, "summary.json"), summary)
+    write_json(os.path.join(args.out_dir, "summary.json"), summary)
     for name, ranks in summary["effective_rank"].items():
         for mat, r in ranks.items():
             print(f"{name} {mat}: effective rank {r['start']:.1f} -> {r['end']:.1f} "

@@ -15,18 +15,16 @@ and writes ``DIR/summary.json``: one row per run (iterations to 99% train and te
 final accuracies, time) and the paper's claims evaluated on these runs (``claims``: true,
 false, or null when the runs needed are missing or did not reach 99%).
 """
-import json
 import os
 
-from .runner import (QUICK, RunConfig, add_model_arguments, config_from_args, prepare_out_dir, row,
-                     run_and_write, write_json_atomic)
+from .config import QUICK, RunConfig, add_model_arguments, config_from_args
 
 DEFAULT_SETTINGS = "97:1,97:2,15:1,15:4"
 
 
 def parse_settings(text):
     """``"97:1,15:4"`` -> [(97, 1), (15, 4)]; a user error names the option."""
-    from ..errors import InvalidInputError
+    from ..core.errors import InvalidInputError
 
     out = []
     for item in text.split(","):
@@ -79,7 +77,9 @@ def claims(rows):
 
 def run(args):
     """Entry point of the command line: ``run(args) -> exit code``."""
+    from ..core.io import dumps, prepare_out_dir, write_json
     from . import plots
+    from .runner import row, run_and_write
 
     settings = parse_settings(args.settings)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -114,8 +114,8 @@ def run(args):
     summary = {"rows": rows, "claims": claims(rows), "figures": figures,
                "total_train_seconds": sum(r["train_seconds"] for r in rows),
                "total_wall_seconds": sum(r["wall_seconds"] for r in rows)}
-    write_json_atomic(os.path.join(args.out_dir, "summary.json"), summary)
-    print(json.dumps(summary["claims"], indent=1))
+    write_json(os.path.join(args.out_dir, "summary.json"), summary)
+    print(dumps(summary["claims"], indent=1))
     print(f"wrote {os.path.join(args.out_dir, 'summary.json')} and {len(figures)} figures "
           f"({summary['total_wall_seconds']:.0f} s in all)")
     return 0

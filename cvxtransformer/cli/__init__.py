@@ -1,0 +1,77 @@
+"""The ``cvxtransformer`` command line.
+
+Exit codes: 0 success (and, for solve/verify/demo/compare, certified); 1 the run finished but the
+certificate did not reach ``--tol``; 2 a user error (one line on stderr, no traceback, no output
+file). Every command module imports only the standard library at import time, so ``--help`` is
+instant; numpy, cvxpy and torch are imported when a command runs.
+"""
+import argparse
+import sys
+
+from .. import __version__
+from ..experiments import grok, kernel, spectra, suite
+from . import compare, convex
+
+COMMANDS = {
+    "solve": (convex.configure_solve, convex.run_solve,
+              "solve a convex program (group lasso (8)/(10)/(12) or nuclear norm 'mhsa') and print its certificate"),
+    "verify": (convex.configure_verify, convex.run_verify, "certify a given solution Z, from any solver"),
+    "demo": (convex.configure_demo, convex.run_demo,
+             "the built-in default: solve and certify program (10) on student-teacher data, then train network (9)"),
+    "compare": (compare.configure, compare.run,
+                "solve the convex program, train nonconvex networks by SGD/Adam, report their certified gaps"),
+    "grok": (grok.configure, grok.run,
+             "one grokking run: convex (stacked program (12)) or standard transformer on modular arithmetic"),
+    "grok-suite": (suite.configure, suite.run,
+                   "grokking experiment (Figures 4-7): division mod 97 (L=1,2) and mod 15 (L=1,4), convex vs standard"),
+    "kernel": (kernel.configure, kernel.run,
+               "kernel preconditioning (UCSD eq. (9)): periodicity task, convex vs convex+Fastfood vs standard"),
+    "spectral": (spectra.configure, spectra.run,
+                 "spectral analysis: singular values and effective rank of each layer during training"),
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``<prog>: error: <message> (see <prog> --help)``, exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Help with the defaults shown, and descriptions kept as written."""
+
+
+def build_parser():
+    parser = Parser(prog="cvxtransformer", formatter_class=Formatter, description=(
+        "Convexified transformer attention: solve programs (8), (10), (12) (Ergen et al., arXiv 2211.11052) "
+        "and the linear multi-head self-attention program (6) (Sahiner et al.) to global optimality, and "
+        "certify any solution."))
+    parser.add_argument("--version", action="version", version=f"cvxtransformer {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for name, (configure, run, help) in COMMANDS.items():
+        p = sub.add_parser(name, help=help, description=help, formatter_class=Formatter)
+        configure(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def main(argv=None):
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error (already printed on one line)
+        return exc.code
+    from ..core.errors import CvxTransformerError
+
+    try:
+        return args.run(args)
+    except CvxTransformerError as exc:
+        print(f"cvxtransformer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"cvxtransformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Options shared by the commands, with argparse types that check values while parsing (a bad
+value is a one-line usage error, exit code 2). Standard library only."""
+import argparse
+import math
+
+PROGRAM_HELP = ("8: attention-only, scalar output; 10: attention-only, c outputs; 12: attention + gated-ReLU "
+                "FCN (group lasso); mhsa: linear multi-head self-attention (nuclear norm)")
+LOSS_HELP = ("squared (real targets), logistic (labels in {-1, +1}) or cross_entropy (labels in [0, c)); "
+             "summed over samples")
+
+
+def _number(text, kind):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive_float(text):
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def positive_int(text):
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def tolerance(text):
+    """A relative duality gap: 0 < tol < 1."""
+    value = _number(text, float)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a relative gap in (0, 1), e.g. 1e-6, got {text}")
+    return value
+
+
+def program(text):
+    if text in ("8", "10", "12"):
+        return int(text)
+    if text == "mhsa":
+        return text
+    raise argparse.ArgumentTypeError(f"expected one of 8, 10, 12, mhsa, got {text!r}")
+
+
+def add_problem_arguments(p, program_help=PROGRAM_HELP):
+    """--program, --loss, --beta/--beta-frac, --gates, --gate-seed, --classes, --tol, --json."""
+    p.add_argument("--program", type=program, required=True, metavar="{8,10,12,mhsa}", help=program_help)
+    p.add_argument("--loss", choices=("squared", "logistic", "cross_entropy"), required=True, help=LOSS_HELP)
+    beta = p.add_mutually_exclusive_group(required=True)
+    beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0")
+    beta.add_argument("--beta-frac", type=positive_float, metavar="F",
+                      help="beta = F * beta_max of the data (0 < F < 1 gives a nonzero solution)")
+    p.add_argument("--gates", type=positive_int, default=8,
+                   help="number of gates h of program (12) when DATA has no U1, U2")
+    p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates of program (12)")
+    p.add_argument("--classes", type=positive_int, default=None,
+                   help="number of classes c, cross-entropy only (default: max(y) + 1)")
+    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in (0, 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def make_problem_from(args, X, y, U1=None, U2=None, program=None):
+    """The problem of the parsed options on (X, y); validates option combinations first."""
+    from ..core.errors import InvalidInputError
+    from ..core.problem import make_problem
+
+    program = args.program if program is None else program
+    if args.classes is not None and args.loss != "cross_entropy":
+        raise InvalidInputError(f"--classes: only for --loss cross_entropy, got --loss {args.loss}; leave it out")
+    if program != 12:
+        U1 = U2 = None
+    problem = make_problem(X, y, program=program, loss=args.loss, beta=1.0 if args.beta is None else args.beta,
+                           U1=U1, U2=U2, gates=args.gates, gate_seed=args.gate_seed, n_classes=args.classes)
+    if args.beta_frac is not None:
+        problem = problem.with_beta(args.beta_frac * problem.beta_max())
+    return problem

@@ -1,0 +1,1 @@
+"""The convex core: losses, regularisers, programs, problems, certificates, reductions."""

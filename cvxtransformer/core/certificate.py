@@ -1,0 +1,161 @@
+"""Certificate primitives (SPEC.md, Certificates): everything is recomputed from Z itself.
+
+From any Z: ``P(Z)``; the dual point ``V = s (-grad L(yhat(Z)))`` scaled into the dual feasible set;
+``D(V)``; the duality gap ``P(Z) - D(V) >= P(Z) - p* >= 0``; the KKT residuals; beta_max; and
+the recovery of the nonconvex weights (a reduction's ``invert``) with the nonconvex objective at
+them. A candidate dual point from elsewhere (a solver's multipliers, the verifier's refinement)
+is projected onto the loss's dual domain and scaled the same way before it is used, so a
+certificate never rests on a point it did not check. A solver's reported status never enters.
+
+:func:`cvxtransformer.certify` (which adds the refined dual point) and the torch backend's
+stopping rule are both built on :func:`scaled_residual` and :func:`dual_feasible_point`.
+"""
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .arrays import to_numpy
+
+
+def dual_feasible_point(problem, V, G=None):
+    """A dual-feasible point from any candidate ``V`` of shape (N, n_outputs).
+
+    ``V`` is projected onto the loss's dual domain, then scaled by ``min(1, beta / dual_norm(A^T V))``
+    (scaling toward 0 stays in the domain of all three losses). ``G``: ``A^T V`` when already known
+    for the projected point. Returns ``(V_feasible, s)``.
+    """
+    V = problem.loss.project_dual_domain(np.asarray(V, dtype=float), problem.T)
+    worst = problem.regularizer.dual_norm(problem.program.adjoint(V) if G is None else G)
+    s = min(1.0, problem.beta / worst) if worst > 0 else 1.0
+    return V * s, s
+
+
+def scaled_residual(loss, regularizer, forward, adjoint, T, Z, Yhat=None):
+    """P(Z), the scaled residual dual point and D at it, for numpy or torch faces.
+
+    ``forward``/``adjoint`` are the program's map and adjoint (numpy) or a torch operator's; ``Yhat``
+    is ``forward(Z)`` when already known. Returns ``(P, V, s, D, G)`` with ``V = -grad L`` unscaled,
+    ``s = min(1, beta / dual_norm(A^T V))``, ``D = D(s V)`` and ``G = A^T V``.
+    """
+    if Yhat is None:
+        Yhat = forward(Z)
+    primal = loss.value(Yhat, T) + regularizer.value(Z)
+    V = loss.dual_variable(Yhat, T)
+    G = adjoint(V)
+    worst = float(regularizer.dual_norm(G))
+    s = regularizer.beta / worst if worst > regularizer.beta else 1.0
+    return primal, V, s, loss.dual_objective(V, T, s), G
+
+
+def kkt_residuals(problem, Z):
+    """KKT residuals relative to beta (SPEC.md): (stationarity on the support, dual feasibility off it)."""
+    G = problem.program.adjoint(problem.residual_dual(Z))
+    return problem.regularizer.kkt_residuals(np.asarray(Z, dtype=float), G)
+
+
+def gap_safe_screen(problem, V, gap):
+    """Blocks proved zero at every optimum by the gap-safe sphere test at a feasible point ``V``.
+
+    The dual optimum lies within ``r = sqrt(2 gap / mu)`` of ``V`` (``mu``: strong concavity of D);
+    the regulariser turns that into its blocks proved zero: groups (boolean array of the groups'
+    shape) for the group lasso, singular directions for the nuclear norm (a proved rank bound).
+    """
+    radius = np.sqrt(2.0 * max(gap, 0.0) / problem.loss.strong_concavity)
+    return problem.regularizer.screen(problem.program.adjoint(V), radius, problem.program.block_norms())
+
+
+def best_dual(problem, Z, V=None):
+    """P(Z) and the better of the scaled residual of Z and a candidate ``V``: ``(P, V_best, D(V_best))``."""
+    primal, R, s, dual, _ = scaled_residual(problem.loss, problem.regularizer, problem.program.forward,
+                                            problem.program.adjoint, problem.T, Z)
+    best = R * s
+    if V is not None:
+        other, _ = dual_feasible_point(problem, V)
+        value = problem.dual_objective(other)
+        if value > dual:
+            best, dual = other, value
+    return primal, best, dual
+
+
+def screen_solution(problem, Z, V=None):
+    """``(Z, mask)``: ``Z`` with the blocks that the gap-safe test proves zero set to zero
+    (interior-point and splitting solvers return tiny nonzero values there), tested at the
+    better of the scaled residual and ``V``; ``mask`` marks those blocks."""
+    primal, best, dual = best_dual(problem, Z, V)
+    mask = gap_safe_screen(problem, best, primal - dual)
+    return problem.regularizer.zero_blocks(np.asarray(Z, dtype=float), mask), mask
+
+
+@dataclass
+class Certificate:
+    """What the verifier recomputed from a solution (see :func:`cvxtransformer.certify`).
+
+    ``dual_objective`` and ``relative_gap`` are those of the best dual point (``dual_source``:
+    ``"residual"``, the scaled residual of Z; ``"given"``, a candidate passed in (a solver's
+    multipliers); ``"refined"``, the verifier's own refinement). ``residual_relative_gap`` is the
+    gap from Z alone without refinement; ``refined_relative_gap`` the gap at the refined point
+    (None when refinement was off or not needed), ``refine_seconds`` its cost. ``support_size``:
+    nonzero groups (group lasso) or rank (nuclear norm).
+    """
+
+    primal_objective: float
+    dual_objective: float
+    duality_gap: float
+    relative_gap: float
+    dual_source: str
+    residual_relative_gap: float
+    refined_relative_gap: float
+    refine_seconds: float
+    refine_status: str
+    kkt_stationarity: float
+    kkt_dual_feasibility: float
+    beta: float
+    beta_max: float
+    support_size: int
+    heads_recovered: int
+    recovered_objective: float
+    recovered_objective_lemma1: float
+    tol: float
+    certified: bool
+    V: np.ndarray = field(repr=False)
+
+    def to_dict(self):
+        d = asdict(self)
+        d.pop("V")
+        return d
+
+
+def assemble(problem, Z, candidates, tol, refinement=None):
+    """The :class:`Certificate` of ``Z`` with the best of the dual ``candidates``.
+
+    ``candidates``: dict source -> dual point (N, n_outputs); each is made feasible here.
+    ``refinement``: ``(seconds, status)`` of the refinement that produced the ``"refined"`` candidate.
+    """
+    program, loss, reg, T = problem.program, problem.loss, problem.regularizer, problem.T
+    primal, R, s, residual_dual, G = scaled_residual(loss, reg, program.forward, program.adjoint, T, Z)
+    scale = max(1.0, abs(primal))
+    best = ("residual", R * s, residual_dual)
+    gaps = {}
+    for source, V in candidates.items():
+        V, _ = dual_feasible_point(problem, V)
+        value = problem.dual_objective(V)
+        gaps[source] = (primal - value) / scale
+        if value > best[2]:
+            best = (source, V, value)
+    source, V, dual = best
+    gap = primal - dual
+    stationarity, feasibility = reg.kkt_residuals(Z, G)
+    reduction = problem.reduction
+    balanced = reduction.invert(problem, Z, "balanced")
+    lemma1 = reduction.invert(problem, Z, "lemma1") if "lemma1" in reduction.forms else None
+    relative = gap / scale
+    return Certificate(
+        primal_objective=primal, dual_objective=dual, duality_gap=gap, relative_gap=relative,
+        dual_source=source, residual_relative_gap=(primal - residual_dual) / scale,
+        refined_relative_gap=gaps.get("refined"), refine_seconds=0.0 if refinement is None else refinement[0],
+        refine_status="off" if refinement is None else refinement[1],
+        kkt_stationarity=stationarity, kkt_dual_feasibility=feasibility, beta=problem.beta,
+        beta_max=float(problem.beta_max()), support_size=reg.support_size(Z), heads_recovered=balanced.heads,
+        recovered_objective=reduction.objective(problem, balanced),
+        recovered_objective_lemma1=None if lemma1 is None else reduction.objective(problem, lemma1),
+        tol=tol, certified=bool(relative <= tol), V=to_numpy(V))

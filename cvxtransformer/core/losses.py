@@ -1,0 +1,244 @@
+"""Losses of SPEC.md, summed over samples, each with its Fenchel dual: one object per loss.
+
+A loss knows, for predictions ``Yhat`` of shape ``(N, c)`` and encoded targets ``T`` of
+shape ``(N, c)`` (see :meth:`Loss.encode`):
+
+* ``value(Yhat, T)``: ``sum_i L(yhat_i, y_i)``, accumulated in float64;
+* ``dual_variable(Yhat, T)``: ``V = -grad L(Yhat)``, the dual point at ``Yhat``;
+* ``dual_objective(V, T, scale=1)``: ``sum_i -L*(-s V_i)``, valid for ``s V`` in the dual domain;
+* ``project_dual_domain(V, T)``: the Euclidean projection of ``V`` onto that domain;
+* ``accuracy(Yhat, T)``: fraction of correct labels (NaN for the squared loss);
+* capabilities: ``quadratic`` (L is quadratic in yhat), ``lipschitz`` (of grad L in yhat),
+  ``strong_concavity`` (of the dual objective, for gap-safe rules);
+* CVXPY forms of the primal loss and of the dual objective.
+
+The numerical methods take numpy arrays or torch tensors (any device and dtype) and return
+the same kind (:func:`cvxtransformer.core.arrays.numpy_face`): one implementation serves the
+verifier and the torch backend.
+
+Encoded targets: squared loss, the targets themselves (``(N, c)``); logistic loss, the
+labels in {-1, +1} as ``(N, 1)``; cross-entropy, the one-hot matrix ``(N, c)``.
+
+Example
+-------
+>>> import numpy as np
+>>> loss = get_loss("logistic")
+>>> T = loss.encode(np.array([1, -1]))
+>>> round(loss.value(np.zeros((2, 1)), T), 6)   # 2 log 2
+1.386294
+"""
+import math
+
+import cvxpy as cp
+import numpy as np
+import torch
+
+from .arrays import F64, numpy_face, to_numpy, to_tensor
+from .errors import invalid
+
+
+def _simplex(P):
+    S, _ = torch.sort(P, dim=1, descending=True)
+    cumulative = torch.cumsum(S, dim=1) - 1.0
+    ks = torch.arange(1, P.shape[1] + 1, dtype=P.dtype, device=P.device)
+    rho = torch.count_nonzero(S - cumulative / ks > 0, dim=1).clamp(min=1)
+    theta = cumulative.gather(1, (rho - 1)[:, None]) / rho[:, None].to(P.dtype)
+    return torch.clamp(P - theta, min=0.0)
+
+
+def project_rows_to_simplex(P):
+    """Euclidean projection of every row of ``P`` (shape ``(N, c)``, ndarray or tensor) onto the
+    unit simplex (sort-based, exact)."""
+    if P.shape[0] == 0:
+        return P
+    return _simplex(P) if isinstance(P, torch.Tensor) else to_numpy(_simplex(to_tensor(P)))
+
+
+class Loss:
+    """Base class: see the module docstring for the contract."""
+
+    name = ""
+    quadratic = False
+    lipschitz = 1.0
+    strong_concavity = 1.0
+
+    def encode(self, y, n_classes=None):
+        """Validate raw targets ``y`` and return the encoded targets ``T`` of shape (N, c)."""
+        raise NotImplementedError
+
+    def gradient(self, Yhat, T):
+        """``grad L(Yhat)``, shape (N, c)."""
+        return -self.dual_variable(Yhat, T)
+
+    def accuracy(self, Yhat, T):
+        """Fraction of samples whose label is predicted (NaN: the loss has no labels)."""
+        return math.nan
+
+    def metrics(self, Yhat, T):
+        """Mean loss per sample and accuracy of predictions ``Yhat`` (N, c)."""
+        return self.value(Yhat, T) / Yhat.shape[0], self.accuracy(Yhat, T)
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+    def __hash__(self):
+        return hash(type(self))
+
+
+class SquaredLoss(Loss):
+    """``L(yhat, y) = 1/2 ||yhat - y||^2``; dual term ``<V, y> - 1/2 ||V||^2`` on all of R^c."""
+
+    name = "squared"
+    quadratic = True
+    lipschitz = 1.0
+    strong_concavity = 1.0
+
+    def encode(self, y, n_classes=None):
+        y = np.asarray(y, dtype=float)
+        if y.ndim == 1:
+            return y[:, None]
+        if y.ndim == 2:
+            return y
+        if y.ndim == 3:  # sequence targets (N, n, c) -> (N, n*c), output (t, l) row-major
+            return y.reshape(y.shape[0], -1)
+        raise invalid("y", "shape (N,), (N, c) or (N, n, c) for the squared loss", f"shape {y.shape}")
+
+    @numpy_face
+    def value(self, Yhat, T):
+        r = Yhat - T
+        return 0.5 * torch.sum(r * r, dtype=F64)
+
+    @numpy_face
+    def dual_variable(self, Yhat, T):
+        return T - Yhat
+
+    @numpy_face
+    def dual_objective(self, V, T, scale=1.0):
+        return scale * torch.sum(V * T, dtype=F64) - 0.5 * scale * scale * torch.sum(V * V, dtype=F64)
+
+    @numpy_face
+    def project_dual_domain(self, V, T):
+        return V
+
+    def cvxpy_value(self, Yhat, T):
+        return 0.5 * cp.sum_squares(Yhat - T)
+
+    def cvxpy_dual(self, V, T):
+        return cp.sum(cp.multiply(V, T)) - 0.5 * cp.sum_squares(V), []
+
+
+class LogisticLoss(Loss):
+    """``L(yhat, y) = log(1 + exp(-y yhat))``, y in {-1, +1}; dual term ``H(y V)``, ``y V in [0, 1]``."""
+
+    name = "logistic"
+    lipschitz = 0.25
+    strong_concavity = 4.0  # H''(a) = -1/(a(1-a)) <= -4
+
+    def encode(self, y, n_classes=None):
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise invalid("y", "shape (N,) with labels in {-1, +1} for the logistic loss", f"shape {y.shape}")
+        if not np.all(np.isin(y, (-1, 1))):
+            bad = np.unique(y[~np.isin(y, (-1, 1))])[:5]
+            raise invalid("y", "labels in {-1, +1} for the logistic loss", f"values {bad.tolist()}",
+                          "map labels 0/1 to -1/+1")
+        return y.astype(float)[:, None]
+
+    @numpy_face
+    def value(self, Yhat, T):
+        return torch.sum(torch.logaddexp(torch.zeros_like(Yhat), -T * Yhat), dtype=F64)  # exact at any margin
+
+    @numpy_face
+    def dual_variable(self, Yhat, T):
+        return T * torch.sigmoid(-T * Yhat)
+
+    @numpy_face
+    def dual_objective(self, V, T, scale=1.0):
+        a = (scale * T) * V
+        return torch.sum(torch.special.entr(a), dtype=F64) + torch.sum(torch.special.entr(1.0 - a), dtype=F64)
+
+    @numpy_face
+    def project_dual_domain(self, V, T):
+        return T * torch.clamp(T * V, 0.0, 1.0)
+
+    @numpy_face
+    def accuracy(self, Yhat, T):
+        return torch.mean((torch.where(Yhat >= 0, 1.0, -1.0) == T).to(F64))
+
+    def cvxpy_value(self, Yhat, T):
+        return cp.sum(cp.logistic(-cp.multiply(T, Yhat)))
+
+    def cvxpy_dual(self, V, T):
+        a = cp.multiply(T, V)
+        return cp.sum(cp.entr(a) + cp.entr(1 - a)), []
+
+
+class CrossEntropyLoss(Loss):
+    """``L(yhat, y) = logsumexp(yhat) - yhat_y``; dual term ``entropy(e_y - V)``, ``e_y - V`` in the simplex."""
+
+    name = "cross_entropy"
+    lipschitz = 0.5  # the Hessian diag(p) - p p^T has norm <= 1/2
+    strong_concavity = 1.0  # Hessian of the entropy is -diag(1/p) <= -I on the simplex
+
+    def encode(self, y, n_classes=None):
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise invalid("y", "shape (N,) of integer class labels for the cross-entropy loss", f"shape {y.shape}")
+        if y.dtype.kind == "f":
+            if not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
+                raise invalid("y", "integer class labels in [0, c) for the cross-entropy loss", "non-integer values")
+        elif y.dtype.kind not in "iu":
+            raise invalid("y", "integer class labels for the cross-entropy loss", f"dtype {y.dtype}")
+        y = y.astype(np.int64)
+        c = int(y.max()) + 1 if n_classes is None else int(n_classes)
+        if y.min() < 0 or y.max() >= c:
+            raise invalid("y", f"class labels in [0, {c})", f"labels from {y.min()} to {y.max()}",
+                          "number classes 0..c-1")
+        if c < 2:
+            raise invalid("y", "at least 2 classes for the cross-entropy loss", f"{c} class",
+                          "pass n_classes or use the logistic/squared loss")
+        return np.eye(c)[y]
+
+    @numpy_face
+    def value(self, Yhat, T):
+        return torch.sum(torch.logsumexp(Yhat, dim=1), dtype=F64) - torch.sum(T * Yhat, dtype=F64)
+
+    @numpy_face
+    def dual_variable(self, Yhat, T):
+        # softmax by hand: torch.softmax splits even tiny inputs across threads, which stalls
+        # for milliseconds per call on a loaded CPU
+        E = torch.exp(Yhat - torch.amax(Yhat, dim=1, keepdim=True))
+        return T - E / torch.sum(E, dim=1, keepdim=True)
+
+    @numpy_face
+    def dual_objective(self, V, T, scale=1.0):
+        return torch.sum(torch.special.entr(T - scale * V), dtype=F64)
+
+    @numpy_face
+    def project_dual_domain(self, V, T):
+        return T - project_rows_to_simplex(T - V)
+
+    @numpy_face
+    def accuracy(self, Yhat, T):
+        return torch.mean((torch.argmax(Yhat, dim=1) == torch.argmax(T, dim=1)).to(F64))
+
+    def cvxpy_value(self, Yhat, T):
+        return cp.sum(cp.log_sum_exp(Yhat, axis=1)) - cp.sum(cp.multiply(T, Yhat))
+
+    def cvxpy_dual(self, V, T):
+        return cp.sum(cp.entr(T - V)), [cp.sum(V, axis=1) == 0]
+
+
+LOSSES = {cls.name: cls for cls in (SquaredLoss, LogisticLoss, CrossEntropyLoss)}
+
+
+def get_loss(loss):
+    """A :class:`Loss` from a name (``"squared"``, ``"logistic"``, ``"cross_entropy"``) or an instance."""
+    if isinstance(loss, Loss):
+        return loss
+    if isinstance(loss, str) and loss.replace("-", "_") in LOSSES:
+        return LOSSES[loss.replace("-", "_")]()
+    raise invalid("loss", f"one of {sorted(LOSSES)}", repr(loss))

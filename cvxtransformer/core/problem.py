@@ -1,0 +1,162 @@
+"""A convex training problem: a program, a loss, targets and a regulariser (SPEC.md).
+
+    P(Z) = sum_i L(yhat_i(Z), y_i) + R(Z)
+    D(V) = sum_i -L*(-V_i)   subject to dual_norm(A^T V) <= beta
+
+with ``R`` the group lasso (programs (8), (10), (12)) or the nuclear norm (program (6) of
+Sahiner et al., ``"mhsa"``). :func:`make_problem` validates raw user input and is the one way in.
+"""
+import numpy as np
+
+from .errors import invalid
+from .losses import get_loss
+from .mhsa import LinearMHSAProgram
+from .programs import AttentionProgram, sample_gates
+from .validation import check_array, check_beta, check_int
+
+PROGRAMS = (8, 10, 12, "mhsa")
+ALLOWED_LOSSES = {8: ("squared", "logistic"), 10: ("squared", "logistic", "cross_entropy"),
+                  12: ("squared", "logistic", "cross_entropy"), "mhsa": ("squared", "logistic", "cross_entropy")}
+
+
+class ConvexProblem:
+    """A program with a loss, encoded targets and a regulariser; build with :func:`make_problem`.
+
+    Attributes
+    ----------
+    program : the linear map Z -> yhat and its adjoint (:class:`~cvxtransformer.core.programs.AttentionProgram`
+        or :class:`~cvxtransformer.core.mhsa.LinearMHSAProgram`)
+    loss : :class:`~cvxtransformer.core.losses.Loss`
+    T : ndarray of shape (N, n_outputs), the encoded targets
+    regularizer : :class:`~cvxtransformer.core.regularizers.GroupLasso` or ``NuclearNorm``, with beta
+    """
+
+    def __init__(self, program, loss, T, regularizer):
+        self.program, self.loss, self.T, self.regularizer = program, loss, T, regularizer
+        self._beta_max = None
+
+    @property
+    def beta(self):
+        return self.regularizer.beta
+
+    @property
+    def reduction(self):
+        """The reduction that pairs this program with its nonconvex network (Proposition 1, or
+        Sahiner et al.'s theorem for linear MHSA): ``invert`` recovers the network's weights."""
+        from .reductions import reduction_for
+
+        return reduction_for(self.program)
+
+    def __repr__(self):
+        p = self.program
+        return (f"ConvexProblem({p.label}, loss={self.loss.name!r}, beta={self.beta:g}, "
+                f"N={p.N}, shape={p.shape}, outputs={p.n_outputs})")
+
+    def primal_objective(self, Z):
+        """P(Z) for coefficients of the program's shape."""
+        return self.loss.value(self.program.forward(Z), self.T) + self.regularizer.value(Z)
+
+    def dual_objective(self, V):
+        """D(V) for V of shape (N, n_outputs), which must be dual feasible."""
+        return self.loss.dual_objective(V, self.T)
+
+    def residual_dual(self, Z):
+        """``-grad L(yhat(Z))`` of shape (N, n_outputs), the unscaled dual point of Z."""
+        return self.loss.dual_variable(self.program.forward(Z), self.T)
+
+    def beta_max(self):
+        """Smallest beta for which Z = 0 is optimal: ``dual_norm(A^T (-grad L(0)))``."""
+        if self._beta_max is None:
+            zero = np.zeros_like(self.T)
+            self._beta_max = self.regularizer.dual_norm(self.program.adjoint(self.loss.dual_variable(zero, self.T)))
+        return self._beta_max
+
+    def with_beta(self, beta):
+        """The same data, program and loss with another beta (shares the program)."""
+        other = ConvexProblem(self.program, self.loss, self.T, self.regularizer.with_beta(check_beta(beta)))
+        other._beta_max = self._beta_max
+        return other
+
+    def zeros(self):
+        """Z = 0 in the program's shape."""
+        return np.zeros(self.program.shape)
+
+
+def parse_program(program):
+    """8, 10, 12 or "mhsa" from an int or a string ("8", "mhsa"); errors name the argument."""
+    if isinstance(program, str) and program.strip().isdigit():
+        program = int(program)
+    if isinstance(program, bool) or program not in PROGRAMS:
+        raise invalid("program", "one of 8, 10, 12, 'mhsa'", repr(program))
+    return program
+
+
+def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, gates=None,
+                 gate_seed=0, n_classes=None):
+    """Validate the data and build program (8), (10), (12) or the linear MHSA program ``"mhsa"``.
+
+    Parameters
+    ----------
+    X : array of shape (N, n, d)
+    y : targets as SPEC.md fixes them: ``(N,)`` for (8); ``(N, c)`` or ``(N, n, c)`` with the
+        squared loss; ``(N,)`` labels in {-1, +1} (logistic) or in [0, c) (cross-entropy). For
+        ``"mhsa"``, ``(N, n, c)`` targets are per token, all others are per sequence (mean-pooled output)
+    program : 8, 10, 12 or "mhsa"
+    loss : {"squared", "logistic", "cross_entropy"} or a Loss
+    beta : float > 0
+    U1, U2 : gate vectors (h, n) and (h, d) of program (12); sampled from ``gates`` (default 8)
+        and ``gate_seed`` when not given
+    n_classes : number of classes c for the cross-entropy loss (default ``max(y) + 1``)
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> X = np.random.default_rng(0).standard_normal((20, 4, 3))
+    >>> P = make_problem(X, X[:, 0, 0], program=8, loss="squared", beta=0.5)
+    >>> P.program.shape
+    (4, 3)
+    >>> make_problem(X, X[:, :, :2], program="mhsa", beta=0.5).program.shape
+    (9, 6)
+    """
+    program = parse_program(program)
+    loss = get_loss(loss)
+    if loss.name not in ALLOWED_LOSSES[program]:
+        raise invalid("loss", f"one of {ALLOWED_LOSSES[program]} for program ({program})", repr(loss.name),
+                      "use program 10 or 12 for several outputs")
+    X = check_array("X", X, 3, "shape (N, n, d)")
+    N, n, d = X.shape
+    y_arr = np.asarray(y)
+    if y_arr.ndim == 0 or y_arr.shape[0] != N:
+        raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
+    if y_arr.dtype.kind not in "biuf":
+        raise invalid("y", "numeric targets", f"dtype {y_arr.dtype}")
+    if y_arr.dtype.kind == "f" and not np.all(np.isfinite(y_arr)):
+        raise invalid("y", "finite values", "NaN/Inf entries", "remove or impute them")
+    if y_arr.ndim == 3 and y_arr.shape[1] != n:
+        raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
+    if program == 8 and y_arr.ndim != 1:
+        raise invalid("y", "shape (N,) for program (8) (scalar output)", f"shape {y_arr.shape}",
+                      "use program 10 for vector or sequence targets")
+    T = loss.encode(y_arr, n_classes)
+    regularizer_beta = check_beta(beta)
+    if program != 12:
+        if U1 is not None or U2 is not None:
+            raise invalid("U1, U2", f"no gate vectors for program ({program})", "gate vectors",
+                          "use program 12 for the gated-ReLU FCN")
+        if program == "mhsa":
+            per_token = y_arr.ndim == 3
+            prog = LinearMHSAProgram(X, y_arr.shape[2] if per_token else T.shape[1], pooled=not per_token)
+        else:
+            prog = AttentionProgram(program, X, T.shape[1])
+    else:
+        if U1 is None and U2 is None:
+            U1, U2 = sample_gates(check_int("gates", 8 if gates is None else gates, 1), n, d, gate_seed)
+        elif U1 is None or U2 is None:
+            raise invalid("U1, U2", "both gate matrices or neither", "only one of them")
+        else:
+            U1 = check_array("U1", U1, 2, "shape (h, n)")
+            U2 = check_array("U2", U2, 2, "shape (h, d)")
+            if U1.shape[1] != n or U2.shape[1] != d or U1.shape[0] != U2.shape[0]:
+                raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
+        prog = AttentionProgram(12, X, T.shape[1], U1, U2)
+    return ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta))

@@ -1,0 +1,356 @@
+"""The linear maps of programs (8), (10) and (12) and their adjoints (SPEC.md): one object per program.
+
+All three share one canonical coefficient shape ``(h, c, n, d)``:
+``yhat_il = sum_j M_ij <Z[j, l], X_i>``. Program (10) is the case ``h = 1`` with a gate that is
+always open, and program (8) is (10) with ``c = 1``. Each program keeps one public coefficient
+shape, used by every function that takes or returns Z: ``(n, d)`` for (8), ``(c, n, d)`` for
+(10), ``(h, c, n, d)`` for (12). The canonical shape is a view used inside the torch operator.
+
+:class:`AttentionOperator` is the torch face of the map: chunks of samples, any device and
+dtype, restricted to gates J and tokens K when a solver works on a subproblem. The numpy face
+of :class:`AttentionProgram` (``forward``, ``adjoint``) runs the same operator on CPU float64.
+
+Example
+-------
+>>> import numpy as np
+>>> X = np.random.default_rng(0).standard_normal((5, 3, 2))
+>>> p = AttentionProgram(10, X, n_outputs=2)
+>>> p.shape, p.forward(np.ones(p.shape)).shape
+((2, 3, 2), (5, 2))
+"""
+import numpy as np
+import torch
+
+from .arrays import F64, device_budget, numpy_face, resolve_device, resolve_dtype, to_storage, to_tensor
+from .errors import invalid
+from .regularizers import GroupLasso
+
+CHUNK_BYTES = 8 * 2**20  # temporaries per chunk of samples
+
+
+def sample_gates(gates, n, d, seed=0):
+    """Gate vectors of program (12): ``U1`` of shape (h, n) and ``U2`` of shape (h, d), i.i.d. N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((gates, n)), rng.standard_normal((gates, d))
+
+
+def gate_mask(X, U1, U2):
+    """Gate mask ``M`` of shape (N, h): ``M_ij = 1[u_1j^T X_i u_2j >= 0]`` (ndarrays or tensors)."""
+    if isinstance(X, torch.Tensor):
+        return (torch.einsum("jk,ikd,jd->ij", U1, X, U2) >= 0).to(X.dtype)
+    return (np.einsum("jk,ikd,jd->ij", U1, X, U2) >= 0).astype(float)
+
+
+def gated_outputs(A, mask, h, c):
+    """``yhat_il = sum_j M_ij A_i(j, l)`` from per-gate outputs ``A`` (rows, h*c); no mask: h = 1."""
+    if mask is None:
+        return A
+    return torch.einsum("ijl,ij->il", A.view(-1, h, c), mask)
+
+
+class AttentionOperator:
+    """The map ``Z -> yhat`` of program (8)/(10)/(12) restricted to gates J and tokens K, in torch.
+
+    Parameters
+    ----------
+    X : tensor of shape (N, n, d), every token, in the op's dtype; on ``device`` or, when it does
+        not fit there, on the CPU (chunks of samples are then streamed)
+    K : tensor of token indices, or None for every token (no copy is ever made); the tokens K of
+        a chunk of samples are gathered when the chunk is used
+    mask : tensor of shape (N, |J|) on ``device``, the gate columns J; None for (8)/(10)
+    c : outputs
+    chunk : samples per chunk (None: chosen so a chunk's temporaries stay a few MB)
+
+    Coefficients are tensors of shape ``(|J|, c, |K|, d)`` (:attr:`shape`).
+    """
+
+    def __init__(self, X, K, mask, c, device, chunk=None):
+        self.X, self.K, self.mask, self.c, self.device = X, K, mask, c, device
+        self.N, n, self.d = X.shape
+        self.nK = n if K is None else len(K)
+        self.F = self.nK * self.d
+        self.hJ = 1 if mask is None else mask.shape[1]
+        self.dtype = X.dtype
+        self.chunk_arg = chunk
+        if chunk is None:
+            copied = K is not None or X.device != device
+            row = X.element_size() * (self.F * copied + 2 * self.hJ * c + 1)
+            chunk = max(256, int(CHUNK_BYTES // row))
+        self.chunk = max(1, min(int(chunk), self.N))
+        self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
+        self._buffers = {}
+
+    @property
+    def shape(self):
+        return (self.hJ, self.c, self.nK, self.d)
+
+    def _buffer(self, name, shape, device):
+        """A reused scratch tensor: fresh large allocations cost page faults at every chunk."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[1:] != shape[1:] or buf.shape[0] < shape[0]:
+            buf = self._buffers[name] = torch.empty(shape, dtype=self.dtype, device=device)
+        return buf[:shape[0]]
+
+    def restrict(self, J, K, dtype=None, chunk=None):
+        """The operator of gates J and tokens K (index tensors or ranges) of this one; nothing is copied."""
+        n = self.X.shape[1]
+        Kt = None if len(K) == n and self.K is None else torch.as_tensor(K, device=self.X.device)
+        M = self.mask
+        if M is not None and len(J) != M.shape[1]:
+            M = M.index_select(1, torch.as_tensor(J, device=M.device))
+        X = self.X if dtype is None else self.X.to(dtype)
+        M = M if M is None or dtype is None else M.to(dtype)
+        return AttentionOperator(X, Kt, M, self.c, self.device, self.chunk_arg if chunk is None else chunk)
+
+    def materialize(self):
+        """The same op with its tokens K copied once into a contiguous tensor (many products ahead)."""
+        if self.K is None:
+            return self
+        return AttentionOperator(self.X.index_select(1, self.K), None, self.mask, self.c, self.device, None)
+
+    def rows(self, s, e):
+        """Rows s:e of the data, (rows, |K|*d), on the device."""
+        Xc = self.X if (s, e) == (0, self.N) else self.X[s:e]
+        if self.K is not None:
+            out = self._buffer("x", (e - s, self.nK, self.d), Xc.device)
+            Xc = torch.index_select(Xc, 1, self.K, out=out)
+        return Xc.reshape(e - s, self.F).to(self.device, non_blocking=True)
+
+    def forward(self, Z):
+        """``yhat`` of shape (N, c) from ``Z`` of shape (|J|, c, |K|, d)."""
+        W = Z.reshape(self.hJ * self.c, self.F).T
+        if len(self.bounds) == 1:
+            return gated_outputs(self.rows(0, self.N) @ W, self.mask, self.hJ, self.c)
+        out = torch.empty(self.N, self.c, dtype=self.dtype, device=self.device)
+        for s, e in self.bounds:
+            mask = None if self.mask is None else self.mask[s:e]
+            out[s:e] = gated_outputs(self.rows(s, e) @ W, mask, self.hJ, self.c)
+        return out
+
+    def _weights(self, V, s, e):
+        """(rows, |J|*c): ``M_ij V_il`` for the samples of a chunk."""
+        if self.mask is None:
+            return V[s:e]
+        return (self.mask[s:e, :, None] * V[s:e, None, :]).reshape(e - s, self.hJ * self.c)
+
+    def adjoint(self, V):
+        """``A^T V`` of shape (|J|, c, |K|, d) from ``V`` of shape (N, c)."""
+        G = None
+        for s, e in self.bounds:
+            part = self._weights(V, s, e).T @ self.rows(s, e)
+            G = part if G is None else G.add_(part)
+        if G is None:
+            return torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        return G.view(self.shape)
+
+    def gram(self, T):
+        """Gram matrix ``H = A_l^T A_l`` (F, F), shared by every output l, and ``B = A^T T`` (c, F).
+
+        F = |J|*|K|*d, features ordered (gate, token, coordinate); accumulated over chunks of the
+        gated design (never the whole of it), upper block triangle only, then mirrored.
+        """
+        Fg = self.hJ * self.F
+        H = torch.zeros(Fg, Fg, dtype=self.dtype, device=self.device)
+        B = torch.zeros(self.c, Fg, dtype=self.dtype, device=self.device)
+        rows = max(256, int(CHUNK_BYTES // (self.X.element_size() * Fg)))
+        step = Fg if Fg <= 256 else -(-Fg // 4 // self.d) * self.d  # four block rows, token-aligned
+        for s0, e0 in self.bounds:
+            Xc = self.rows(s0, e0)
+            for s in range(0, e0 - s0, rows):
+                e = min(s + rows, e0 - s0)
+                D = Xc[s:e]
+                if self.mask is not None:
+                    out = self._buffer("gated", (e - s, self.hJ, self.F), self.device)
+                    D = torch.mul(self.mask[s0 + s:s0 + e, :, None], Xc[s:e, None, :], out=out).view(e - s, Fg)
+                for i in range(0, Fg, step):
+                    H[i:i + step, i:].addmm_(D[:, i:i + step].T, D[:, i:])
+                B.addmm_(T[s0 + s:s0 + e].T, D)
+        return torch.triu(H) + torch.triu(H, 1).T, B
+
+    def block_norms(self):
+        """``||A_g||`` for every block (gate j, token k), shape (|J|, |K|), float64:
+        ``sqrt(lambda_max(sum_i M_ij x_ik x_ik^T))`` (the same for every output l)."""
+        grams = torch.zeros(self.hJ, self.nK, self.d, self.d, dtype=self.dtype, device=self.device)
+        for s, e in self.bounds:
+            Xc = self.rows(s, e).reshape(e - s, self.nK, self.d).transpose(0, 1)  # (K, rows, d)
+            for j in range(self.hJ):  # one batched product per gate, never (J, K, rows, d)
+                Xm = Xc if self.mask is None else Xc * self.mask[s:e, j][None, :, None]
+                grams[j] += Xm.transpose(1, 2) @ Xc
+        lam = torch.linalg.eigvalsh(grams.to(F64))[..., -1]
+        return torch.sqrt(torch.clamp(lam, min=0.0))
+
+    def block_norm_bounds(self):
+        """The cheaper upper bounds ``||A_g||_F >= ||A_g||``, shape (|J|, |K|), float64."""
+        acc = torch.zeros(self.hJ, self.nK, dtype=F64, device=self.device)
+        for s, e in self.bounds:
+            sq = torch.linalg.vector_norm(self.rows(s, e).view(e - s, self.nK, self.d), dim=-1).square_().to(F64)
+            acc += sq.sum(dim=0)[None] if self.mask is None else self.mask[s:e].T.to(F64) @ sq
+        return torch.sqrt(acc)
+
+
+class Program:
+    """A linear map ``Z -> yhat`` on data ``X`` and its adjoint; base of the program families.
+
+    Subclasses set ``regularizer_class``, ``shape`` (the one shape of Z) and ``n_outputs``, and
+    implement :meth:`operator` (the torch face, on canonical tensors ``canonical_shape``),
+    :meth:`block_norms` (for screening) and the CVXPY faces.
+    """
+
+    name = None
+    regularizer_class = None
+
+    def __init__(self, X):
+        self.X = X
+        self.N = X.shape[0]
+        self._ops = {}
+        self._block_norms = None
+
+    def operator(self, device="cpu", dtype=F64, chunk=None):
+        """The torch operator on ``device`` in ``dtype`` (cached for the default chunking)."""
+        device, dtype = resolve_device(device), resolve_dtype(dtype)
+        key = (str(device), dtype)
+        if chunk is not None:
+            return self._make_operator(to_storage(self.X, device, dtype), device, chunk)
+        if key not in self._ops:
+            self._ops[key] = self._make_operator(to_storage(self.X, device, dtype), device, None)
+        return self._ops[key]
+
+    def _op_for(self, t):
+        return self.operator(t.device, t.dtype)
+
+    @numpy_face
+    def forward(self, Z):
+        """``yhat`` of shape (N, n_outputs) from Z of shape :attr:`shape` (ndarray or tensor)."""
+        return self._op_for(Z).forward(Z.reshape(self.canonical_shape))
+
+    @numpy_face
+    def adjoint(self, V):
+        """``A^T V`` of shape :attr:`shape` from ``V`` of shape (N, n_outputs)."""
+        return self._op_for(V).adjoint(V).reshape(self.shape)
+
+    def check_Z(self, Z, name="Z"):
+        """``Z`` as a finite float64 array of this program's shape; errors name the argument."""
+        try:
+            Z = np.asarray(Z, dtype=float)
+        except (TypeError, ValueError):
+            raise invalid(name, f"a numeric array of shape {self.shape}", type(Z).__name__) from None
+        if Z.shape != self.shape:
+            raise invalid(name, f"shape {self.shape} for {self.label}", f"shape {Z.shape}")
+        if not np.all(np.isfinite(Z)):
+            raise invalid(name, "finite values", f"{np.count_nonzero(~np.isfinite(Z))} NaN/Inf entries",
+                          "it is not a solution to certify")
+        return Z
+
+    def check_V(self, V, name="V"):
+        """A candidate dual point as a finite float64 array of shape (N, n_outputs) ((N,) accepted when
+        there is one output)."""
+        try:
+            V = np.asarray(V, dtype=float)
+        except (TypeError, ValueError):
+            raise invalid(name, f"a numeric array of shape {(self.N, self.n_outputs)}", type(V).__name__) from None
+        if V.shape == (self.N,) and self.n_outputs == 1:
+            V = V[:, None]
+        if V.shape != (self.N, self.n_outputs):
+            raise invalid(name, f"shape {(self.N, self.n_outputs)} (one dual value per sample and output)",
+                          f"shape {V.shape}")
+        if not np.all(np.isfinite(V)):
+            raise invalid(name, "finite values", "NaN/Inf entries")
+        return V
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.label}, shape={self.shape})"
+
+
+class AttentionProgram(Program):
+    """Program (8), (10) or (12): ``yhat_il = sum_j M_ij <Z[j, l], X_i>`` with the group lasso.
+
+    Parameters
+    ----------
+    number : {8, 10, 12}
+    X : ndarray of shape (N, n, d)
+    n_outputs : int, the number c of outputs per sample
+    U1, U2 : gate vectors of program (12), shapes (h, n) and (h, d); None otherwise
+    """
+
+    regularizer_class = GroupLasso
+
+    def __init__(self, number, X, n_outputs, U1=None, U2=None):
+        super().__init__(X)
+        self.name = self.number = number
+        self.N, self.n, self.d = X.shape
+        self.c = self.n_outputs = n_outputs
+        self.U1, self.U2 = U1, U2
+        self.mask = None if U1 is None else gate_mask(X, U1, U2)
+        self.h = 1 if U1 is None else U1.shape[0]
+
+    @property
+    def label(self):
+        return f"program ({self.number})"
+
+    @property
+    def canonical_shape(self):
+        return (self.h, self.c, self.n, self.d)
+
+    @property
+    def shape(self):
+        """The shape of the coefficients Z of this program."""
+        return {8: (self.n, self.d), 10: (self.c, self.n, self.d)}.get(self.number, self.canonical_shape)
+
+    @property
+    def n_blocks(self):
+        """Number of groups, h*c*n."""
+        return self.h * self.c * self.n
+
+    def on(self, X):
+        """The same program (same gates) on other data ``X`` (N', n, d), e.g. a test split."""
+        return AttentionProgram(self.number, np.asarray(X, dtype=float), self.c, self.U1, self.U2)
+
+    def _make_operator(self, Xs, device, chunk):
+        mask = None if self.mask is None else torch.from_numpy(self.mask).to(device=device, dtype=Xs.dtype)
+        return AttentionOperator(Xs, None, mask, self.c, device, chunk)
+
+    def block_norms(self):
+        """``||A_g||`` for every group g, shape ``shape[:-1]`` (numpy; exact, cached): the spectral norm
+        of ``V[:, l] -> (A^T V)_g``, ``sqrt(lambda_max(sum_i M_ij x_ik x_ik^T))``; used by gap-safe screening."""
+        if self._block_norms is None:
+            norms = self.operator().block_norms().numpy()  # (h, n)
+            self._block_norms = np.broadcast_to(norms[:, None, :], self.canonical_shape[:3]).reshape(self.shape[:-1])
+        return self._block_norms
+
+    # --- CVXPY faces: the variable W of shape (h*n*d, c), W[(j*n + k)*d + e, l] = Z[j, l, k, e] ----
+    def design(self):
+        """Dense design of shape (N, h*n*d): column ``(j*n + k)*d + e`` is ``M_ij X[i, k, e]``."""
+        X_flat = self.X.reshape(self.N, self.n * self.d)
+        if self.mask is None:
+            return X_flat
+        return (self.mask[:, :, None] * X_flat[:, None, :]).reshape(self.N, -1)
+
+    def cvxpy_variable(self):
+        import cvxpy as cp
+
+        return cp.Variable((self.h * self.n * self.d, self.c), name="Z")
+
+    def cvxpy_forward(self, W):
+        return self.design() @ W
+
+    def cvxpy_adjoint(self, V):
+        return self.design().T @ V
+
+    def cvxpy_blocks(self, W):
+        """The groups as the columns of a (d, h*n*c) expression: column ``j*n + k + l*h*n`` is group (j, l, k)."""
+        import cvxpy as cp
+
+        return cp.reshape(W, (self.d, self.h * self.n * self.c), order="F")
+
+    def from_cvxpy(self, W):
+        """Z (public shape) from a value of the CVXPY variable."""
+        h, c, n, d = self.canonical_shape
+        return np.asarray(W, dtype=float).reshape(h, n, d, c).transpose(0, 3, 1, 2).reshape(self.shape).copy()
+
+    def to_cvxpy(self, Z):
+        """The value of the CVXPY variable for coefficients Z (public shape)."""
+        return np.asarray(Z, dtype=float).reshape(self.canonical_shape).transpose(0, 2, 3, 1).reshape(-1, self.c)
+
+    def from_blocks(self, B):
+        """Z (public shape) from a (d, h*n*c) value in the layout of :meth:`cvxpy_blocks`."""
+        return self.from_cvxpy(np.asarray(B).reshape(-1, self.c, order="F"))

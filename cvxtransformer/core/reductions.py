@@ -1,0 +1,188 @@
+"""Reductions between the nonconvex networks and the convex programs, as CVXPY pairs them:
+``apply`` (network and data -> convex problem) and ``invert`` (solution Z -> network weights).
+
+* :class:`Proposition1` (Ergen et al.): the alternative attention network (6)/(9) <-> program (8)
+  or (10), the gated-ReLU network (11) <-> program (12). Every nonzero group ``z = Z[j, l, k]``
+  becomes one head with attention row ``w_1 = e_k`` (a vertex of the simplex), value vector
+  ``w_2`` and output vector ``w_3``: balanced form ``w_2 = z / sqrt(||z||)``,
+  ``w_3 = sqrt(||z||) e_l`` (penalty ``beta/2 (||w_2||^2 + ||w_3||_1^2)``), or Lemma-1 form
+  ``w_2 = z / ||z||``, ``w_3 = ||z|| e_l`` (penalty ``beta ||w_3||_1``).
+* :class:`LinearMHSAReduction` (Sahiner et al.): the linear multi-head self-attention network (5)
+  <-> program (6). From the SVD ``Z = sum_j s_j u_j v_j^T``, head j is
+  ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``.
+
+``objective`` evaluates the network's weight-decay objective in plain numpy from ``X``, the
+weights and the gates, without the convex program's linear map: at the recovered weights it
+equals P(Z) (tested), and P(Z*) bounds it from below for any number of heads.
+
+Example
+-------
+>>> import numpy as np
+>>> from cvxtransformer.core.problem import make_problem
+>>> X = np.random.default_rng(0).standard_normal((10, 3, 2))
+>>> P = make_problem(X, X[:, 0, :], program=10, beta=0.5)
+>>> Z = np.zeros(P.program.shape); Z[1, 2] = [3.0, 4.0]
+>>> heads = P.reduction.invert(P, Z)
+>>> heads.heads, heads.W1[0].tolist(), bool(np.isclose(P.reduction.objective(P, heads), P.primal_objective(Z)))
+(1, [0.0, 0.0, 1.0], True)
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import invalid
+from .mhsa import LinearMHSAProgram
+
+
+@dataclass
+class AttentionHeads:
+    """Heads of the network (6)/(9)/(11).
+
+    W1 : ndarray of shape (m, n), attention rows on the simplex
+    W2 : ndarray of shape (m, d), value vectors
+    W3 : ndarray of shape (m, c), output vectors
+    gate : ndarray of shape (m,) of ints indexing rows of U1, U2 (network (11)); None otherwise
+    form : "balanced" or "lemma1", which penalty the weights are scaled for
+    """
+
+    W1: np.ndarray
+    W2: np.ndarray
+    W3: np.ndarray
+    gate: np.ndarray = None
+    form: str = "balanced"
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+
+@dataclass
+class MHSAHeads:
+    """Heads of the linear multi-head self-attention network (5).
+
+    W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c).
+    ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j`` (n x c), mean-pooled over tokens for one target per sequence.
+    """
+
+    W1: np.ndarray
+    W2: np.ndarray
+    form: str = "balanced"
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+
+class Proposition1:
+    """Proposition 1 of Ergen et al.: networks (6)/(9) and (11) <-> programs (8)/(10) and (12)."""
+
+    forms = ("balanced", "lemma1")
+    networks = {"alternative": "(6)/(9)", "gated": "(11)"}
+
+    @staticmethod
+    def apply(network, X, y, loss="squared", beta=1.0, **options):
+        """The convex program of ``network`` ("alternative" or "gated") on data (X, y): program (10)
+        (or (8) with ``scalar=True``) for the alternative network, (12) for the gated one."""
+        from .problem import make_problem
+
+        if network not in Proposition1.networks:
+            raise invalid("network", f"one of {sorted(Proposition1.networks)}", repr(network))
+        scalar = options.pop("scalar", False)
+        program = 12 if network == "gated" else (8 if scalar else 10)
+        return make_problem(X, y, program=program, loss=loss, beta=beta, **options)
+
+    @staticmethod
+    def invert(problem, Z, form="balanced"):
+        """The heads of Proposition 1 from coefficients Z (the program's shape)."""
+        if form not in Proposition1.forms:
+            raise invalid("form", f"one of {Proposition1.forms}", repr(form))
+        program = problem.program
+        Z4 = np.asarray(Z, dtype=float).reshape(program.canonical_shape)
+        h, c, n, d = Z4.shape
+        norms = np.linalg.norm(Z4, axis=-1)
+        j, l, k = np.nonzero(norms)
+        z, r = Z4[j, l, k], norms[j, l, k]
+        scale = np.sqrt(r) if form == "balanced" else r
+        return AttentionHeads(W1=np.eye(n)[k], W2=z / scale[:, None], W3=np.eye(c)[l] * scale[:, None],
+                              gate=j if program.mask is not None else None, form=form)
+
+    @staticmethod
+    def objective(problem, weights):
+        """Objective (6)/(9) (or (11) with gates) of a network with the given heads.
+
+        ``sum_i L(sum_j g_ij (w_1j^T X_i w_2j) w_3j, y_i) + penalty``, with ``g_ij = 1`` for (6)/(9)
+        and ``g_ij = 1[u_1,gate(j)^T X_i u_2,gate(j) >= 0]`` for (11).
+        """
+        program, beta = problem.program, problem.beta
+        X = program.X
+        scores = np.einsum("jk,ikd,jd->ij", weights.W1, X, weights.W2)
+        if weights.gate is not None:
+            U1, U2 = program.U1[weights.gate], program.U2[weights.gate]
+            scores = scores * (np.einsum("jk,ikd,jd->ij", U1, X, U2) >= 0)
+        Yhat = scores @ weights.W3
+        if weights.form == "balanced":
+            penalty = 0.5 * beta * float(np.sum(weights.W2 ** 2) + np.sum(np.abs(weights.W3).sum(axis=1) ** 2))
+        else:
+            penalty = beta * float(np.sum(np.abs(weights.W3)))
+        return problem.loss.value(Yhat, problem.T) + penalty
+
+
+class LinearMHSAReduction:
+    """Sahiner et al.'s theorem: the linear MHSA network (5) <-> program (6)."""
+
+    forms = ("balanced",)
+    networks = {"linear_mhsa": "(5)"}
+
+    @staticmethod
+    def apply(network, X, y, loss="squared", beta=1.0, **options):
+        """Program (6) of the linear MHSA network (5) on data (X, y)."""
+        from .problem import make_problem
+
+        if network not in LinearMHSAReduction.networks:
+            raise invalid("network", "'linear_mhsa'", repr(network))
+        return make_problem(X, y, program="mhsa", loss=loss, beta=beta, **options)
+
+    @staticmethod
+    def invert(problem, Z, form="balanced"):
+        """``m = rank(Z)`` heads (W1j, W2j) from the SVD of Z, balanced: ``beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j``."""
+        if form not in LinearMHSAReduction.forms:
+            raise invalid("form", f"one of {LinearMHSAReduction.forms}", repr(form))
+        p = problem.program
+        d, c = p.d, p.c
+        U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
+        m = problem.regularizer.rank(Z)
+        root = np.sqrt(s[:m])
+        W1 = (U[:, :m] * root).T.reshape(m, d, d).transpose(0, 2, 1)  # W1j[a, k] = u_j[k*d + a]
+        W2 = (Wh[:m] * root[:, None]).reshape(m, d, c)                # W2j[l, b] = v_j[l*c + b]
+        return MHSAHeads(W1=W1, W2=W2)
+
+    @staticmethod
+    def predict(X, heads, pooled):
+        """Outputs of network (5): (N, n*c) per token, or (N, c) mean-pooled."""
+        G = np.einsum("ita,itb->iab", X, X)
+        out = np.einsum("ita,jak,ikb,jbc->itc", X, heads.W1, G, heads.W2, optimize=True)
+        return out.mean(axis=1) if pooled else out.reshape(X.shape[0], -1)
+
+    @staticmethod
+    def objective(problem, heads):
+        """``sum_i L(sum_j X_i W1j X_i^T X_i W2j, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``."""
+        p = problem.program
+        Yhat = LinearMHSAReduction.predict(p.X, heads, p.pooled)
+        penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
+        return problem.loss.value(Yhat, problem.T) + penalty
+
+
+def reduction_for(program):
+    """The reduction of a program object."""
+    return LinearMHSAReduction if isinstance(program, LinearMHSAProgram) else Proposition1
+
+
+def recover_weights(problem, Z, form="balanced"):
+    """The nonconvex network's weights behind coefficients Z of ``problem`` (the program's shape):
+    Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6)."""
+    return problem.reduction.invert(problem, problem.program.check_Z(Z), form)
+
+
+def nonconvex_objective(problem, weights):
+    """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in numpy."""
+    return problem.reduction.objective(problem, weights)

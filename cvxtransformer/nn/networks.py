@@ -1,0 +1,416 @@
+"""The nonconvex networks, as torch modules, with the weight-decay objectives of SPEC.md.
+
+Four networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of shape (N, c),
+``c`` the number of outputs of the encoded targets (``n * c`` for sequence targets, output
+``(t, l)`` flattened row-major, as in SPEC.md):
+
+* :class:`AlternativeAttention`, networks (6)/(9): heads ``j = 1..m`` with an attention row
+  ``w_1j`` on the simplex, a value vector ``w_2j`` and an output vector ``w_3j``,
+  ``yhat_i = sum_j (w_1j^T X_i w_2j) w_3j``, penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``;
+* :class:`GatedAttention`, network (11): the same with each head's term multiplied by its
+  gated-ReLU gate ``1[u_1g^T X_i u_2g >= 0]``, ``g = gate(j)``, gates from the ``U1``, ``U2``
+  of program (12);
+* :class:`SoftmaxAttention`, network (3): ``softmax(X Wq Wk^T X^T / sqrt(d)) X Wv Wo``,
+  penalty ``beta/2 (||Wq||^2 + ||Wk||^2 + ||Wv||^2 + ||Wo||^2)``, read at token 0 for targets
+  of shape (N,) or (N, c) and at every token for sequence targets (N, n, c) (as the softmax
+  teacher of :func:`cvxtransformer.datasets.student_teacher`). The 1/sqrt(d) scaling of the
+  scores is a reparametrisation of ``Wq`` that the paper's (3) leaves out;
+* :class:`LinearMHSA`, network (5) of Sahiner et al.: ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j``,
+  penalty ``beta/2 sum_j (||W1j||^2 + ||W2j||^2)``, at every token (sequence targets) or
+  mean-pooled; program (6) is its convex equivalent.
+
+The attention rows of (6)/(9)/(11) are stored directly and kept on the simplex by projection
+(:meth:`project_`, called by the trainer after every step): projected gradient. So every
+point of the simplex, vertices ``e_k`` included, is a parameter value, and the weights of
+Proposition 1 load exactly (:meth:`AlternativeAttention.from_weights`); the objective of the
+loaded network then equals the convex optimum P(Z*) to rounding.
+
+Objectives are summed over samples (SPEC.md): ``objective = sum_i L(yhat_i, y_i) + penalty``.
+For (5), (6)/(9) and (11) the convex optimum P(Z*) is a lower bound on it, whatever the number of
+heads, and so is any dual value D(V) of the certificate. It is not a bound for (3).
+
+Example
+-------
+>>> import numpy as np
+>>> from cvxtransformer import make_problem, solve, recover_weights
+>>> X = np.random.default_rng(0).standard_normal((30, 4, 3))
+>>> P = make_problem(X, X[:, 1, :2], program=10, beta=2.0)
+>>> res = solve(P)
+>>> net = AlternativeAttention.from_weights(recover_weights(P, res.Z))
+>>> inputs = net.encode_inputs(X)
+>>> abs(net.objective(inputs, P.T, "squared", 2.0).item() - res.certificate.primal_objective) < 1e-8
+True
+"""
+import math
+
+import numpy as np
+import torch
+
+from ..core.errors import invalid
+from ..core.losses import get_loss, project_rows_to_simplex
+from ..core.programs import gate_mask
+from ..core.reductions import AttentionHeads, MHSAHeads
+from ..core.validation import check_array, check_int
+
+MODELS = ("alternative", "gated", "softmax", "linear_mhsa")
+
+
+def _tensor(a, dtype, device):
+    return torch.as_tensor(np.asarray(a, dtype=float), dtype=dtype, device=device)
+
+
+# ----------------------------------------------------------------------------- base class
+class Network(torch.nn.Module):
+    """Common interface of the three networks.
+
+    ``encode_inputs(X)`` turns an ndarray (N, n, d) into the tuple of tensors that
+    ``forward`` takes (the gated network adds its gate mask); the trainer calls it once
+    per data set and slices the tuple for mini-batches.
+    """
+
+    name = ""
+
+    def __init__(self, n, d, c, dtype=torch.float64, device="cpu"):
+        super().__init__()
+        self.n, self.d, self.c = n, d, c
+        self.dtype, self.device = dtype, torch.device(device)
+
+    def encode_inputs(self, X):
+        X = check_array("X", X, 3, f"shape (N, {self.n}, {self.d})")
+        if X.shape[1:] != (self.n, self.d):
+            raise invalid("X", f"shape (N, {self.n}, {self.d}) for this network", f"shape {X.shape}")
+        return (_tensor(X, self.dtype, self.device),)
+
+    def penalty(self, beta):
+        raise NotImplementedError
+
+    def objective(self, inputs, T, loss, beta):
+        """``sum_i L(yhat_i, y_i) + penalty``: the weight-decay objective of SPEC.md (a 0-d tensor)."""
+        T = T if torch.is_tensor(T) else _tensor(T, self.dtype, self.device)
+        return get_loss(loss).value(self(*inputs), T) + self.penalty(beta)
+
+    def project_(self):
+        """Put the parameters back on their constraint set (no-op without constraints)."""
+
+    def arrays(self):
+        """The weights as a dict of ndarrays (the file ``DIR/<model>.npz`` of ``compare``)."""
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------- (6)/(9) and (11)
+class AlternativeAttention(Network):
+    """Alternative attention network (6)/(9) with ``m`` heads.
+
+    Parameters
+    ----------
+    n, d, c : tokens, embedding dimension, outputs
+    heads : int >= 0, the number m of heads
+    seed : seed of the initialisation (attention rows Dirichlet(1), ``W2`` and ``W3`` Gaussian)
+    init_scale : standard deviation scale of ``W2``, ``W3`` at initialisation
+
+    Parameters (torch): ``W1`` (m, n), rows on the simplex; ``W2`` (m, d); ``W3`` (m, c).
+    ``yhat_i = sum_j (w_1j^T X_i w_2j) w_3j``; penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``.
+    """
+
+    name = "alternative"
+
+    def __init__(self, n, d, c, heads, seed=0, init_scale=1.0, dtype=torch.float64, device="cpu"):
+        super().__init__(n, d, c, dtype, device)
+        heads = check_int("heads", heads, 0)
+        rng = np.random.default_rng(seed)
+        W1 = rng.dirichlet(np.ones(n), size=heads) if heads else np.zeros((0, n))
+        W2 = init_scale * rng.standard_normal((heads, d)) / math.sqrt(d)
+        W3 = init_scale * rng.standard_normal((heads, c)) / math.sqrt(max(heads, 1))
+        self.W1 = torch.nn.Parameter(_tensor(W1, dtype, device))
+        self.W2 = torch.nn.Parameter(_tensor(W2, dtype, device))
+        self.W3 = torch.nn.Parameter(_tensor(W3, dtype, device))
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+    def scores(self, X):
+        """``s_ij = w_1j^T X_i w_2j``, shape (N, m)."""
+        return torch.einsum("jk,ikd,jd->ij", self.W1, X, self.W2)
+
+    def forward(self, X):
+        return self.scores(X) @ self.W3
+
+    def penalty(self, beta):
+        return 0.5 * beta * (torch.sum(self.W2 ** 2) + torch.sum(torch.sum(torch.abs(self.W3), dim=1) ** 2))
+
+    @torch.no_grad()
+    def project_(self):
+        self.W1.copy_(project_rows_to_simplex(self.W1))
+
+    @torch.no_grad()
+    def set_weights(self, W1, W2, W3):
+        """Set the weights (shapes (m, n), (m, d), (m, c)); ``W1`` rows must lie on the simplex."""
+        W1, W2, W3 = (np.asarray(a, dtype=float) for a in (W1, W2, W3))
+        m = W1.shape[0]
+        if W1.shape != (m, self.n) or W2.shape != (m, self.d) or W3.shape != (m, self.c):
+            raise invalid("W1, W2, W3", f"shapes (m, {self.n}), (m, {self.d}), (m, {self.c})",
+                          f"{W1.shape}, {W2.shape}, {W3.shape}")
+        if m and (W1.min() < -1e-12 or np.max(np.abs(W1.sum(axis=1) - 1.0)) > 1e-9):
+            raise invalid("W1", "rows on the simplex (nonnegative, summing to 1)",
+                          f"min {W1.min():.3g}, row sums off by {np.max(np.abs(W1.sum(axis=1) - 1)):.3g}")
+        for name, a in (("W1", W1), ("W2", W2), ("W3", W3)):
+            setattr(self, name, torch.nn.Parameter(_tensor(a, self.dtype, self.device)))
+        return self
+
+    @classmethod
+    def from_weights(cls, weights, n=None, d=None, c=None, **kwargs):
+        """The network of the heads of a :class:`AttentionHeads` (e.g. from Proposition 1).
+
+        Lemma-1 weights are rebalanced (``w_2 <- a w_2``, ``w_3 <- w_3 / a`` with
+        ``a = sqrt(||w_3||_1 / ||w_2||)``): the output is unchanged and the penalty of (9) at
+        the rebalanced weights equals the Lemma-1 penalty ``beta ||w_3||_1`` when ``||w_2|| = 1``.
+        """
+        W1, W2, W3 = _balanced(weights)
+        n, d, c = (W.shape[1] if v is None else v for W, v in ((W1, n), (W2, d), (W3, c)))
+        return cls(n, d, c, 0, **kwargs).set_weights(W1, W2, W3)
+
+    def to_weights(self):
+        """The heads as :class:`AttentionHeads` (balanced form), for :func:`nonconvex_objective`."""
+        a = {k: v.detach().cpu().numpy().astype(float) for k, v in
+             (("W1", self.W1), ("W2", self.W2), ("W3", self.W3))}
+        return AttentionHeads(a["W1"], a["W2"], a["W3"], gate=self._gate_array(), form="balanced")
+
+    def _gate_array(self):
+        return None
+
+    def arrays(self):
+        w = self.to_weights()
+        out = {"W1": w.W1, "W2": w.W2, "W3": w.W3}
+        if w.gate is not None:
+            out["gate"] = w.gate
+        return out
+
+    @torch.no_grad()
+    def effective_coefficients(self):
+        """Coefficients ``Z`` (h, c, n, d) of the convex program that this network implements.
+
+        ``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` (``h = 1`` without gates): the
+        network's output equals the program's ``forward(Z)``, and ``P(Z) <=`` the network's
+        objective (the group norms are at most ``||w_2j|| ||w_3j||_1``), hence the bound.
+        """
+        w = self.to_weights()
+        h = 1 if w.gate is None else self.U1.shape[0]
+        Z = np.zeros((h, self.c, self.n, self.d))
+        g = np.zeros(w.heads, dtype=int) if w.gate is None else w.gate
+        np.add.at(Z, g, np.einsum("jl,jk,jd->jlkd", w.W3, w.W1, w.W2))
+        return Z
+
+
+class GatedAttention(AlternativeAttention):
+    """Gated-ReLU network (11): the heads of (9), each multiplied by its gate.
+
+    ``yhat_i = sum_j M_i,gate(j) (w_1j^T X_i w_2j) w_3j`` with
+    ``M_ig = 1[u_1g^T X_i u_2g >= 0]`` (:func:`cvxtransformer.core.programs.gate_mask`, the mask of
+    program (12)). ``U1`` (h, n), ``U2`` (h, d): the gate vectors of program (12);
+    ``gate`` (m,) ints in [0, h): each head's gate (default ``j mod h``).
+    """
+
+    name = "gated"
+
+    def __init__(self, n, d, c, heads, U1, U2, gate=None, seed=0, init_scale=1.0,
+                 dtype=torch.float64, device="cpu"):
+        super().__init__(n, d, c, heads, seed, init_scale, dtype, device)
+        U1, U2 = np.asarray(U1, dtype=float), np.asarray(U2, dtype=float)
+        if U1.ndim != 2 or U2.ndim != 2 or U1.shape[1] != n or U2.shape[1] != d or U1.shape[0] != U2.shape[0]:
+            raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
+        self.U1, self.U2 = U1, U2
+        self._set_gate(np.arange(self.heads) % U1.shape[0] if gate is None else gate)
+
+    def _set_gate(self, gate):
+        gate = np.asarray(gate)
+        h = self.U1.shape[0]
+        if gate.shape != (self.heads,) or (gate.size and gate.dtype.kind not in "iu"):
+            raise invalid("gate", f"{self.heads} integers in [0, {h}) (one per head)",
+                          f"shape {gate.shape}, dtype {gate.dtype}")
+        if gate.size and (gate.min() < 0 or gate.max() >= h):
+            raise invalid("gate", f"gate indices in [0, {h}) (rows of U1, U2)",
+                          f"values from {gate.min()} to {gate.max()}")
+        self.gate = gate.astype(np.int64)
+
+    @classmethod
+    def from_weights(cls, weights, U1, U2, n=None, d=None, c=None, **kwargs):
+        """The network of the heads and gates of :class:`AttentionHeads` recovered from program (12)."""
+        if weights.gate is None:
+            raise invalid("weights.gate", "each head's gate (weights recovered from program (12))", "None")
+        W1, W2, W3 = _balanced(weights)
+        n, d, c = (W.shape[1] if v is None else v for W, v in ((W1, n), (W2, d), (W3, c)))
+        return cls(n, d, c, 0, U1, U2, **kwargs).set_weights(W1, W2, W3, weights.gate)
+
+    def set_weights(self, W1, W2, W3, gate=None):
+        """Set the weights as :meth:`AlternativeAttention.set_weights`, and each head's gate (m,)."""
+        super().set_weights(W1, W2, W3)
+        self._set_gate(np.arange(self.heads) % self.U1.shape[0] if gate is None else gate)
+        return self
+
+    def _gate_array(self):
+        return self.gate.copy()
+
+    def encode_inputs(self, X):
+        (Xt,) = super().encode_inputs(X)
+        M = gate_mask(np.asarray(X, dtype=float), self.U1, self.U2)[:, self.gate]
+        return Xt, _tensor(M, self.dtype, self.device)
+
+    def forward(self, X, M):
+        return (self.scores(X) * M) @ self.W3
+
+
+def _balanced(weights):
+    W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
+    if weights.form == "balanced" or W1.shape[0] == 0:
+        return W1, W2, W3
+    r2, r3 = np.linalg.norm(W2, axis=1), np.abs(W3).sum(axis=1)
+    a = np.sqrt(np.where((r2 > 0) & (r3 > 0), r3 / np.where(r2 > 0, r2, 1.0), 1.0))
+    return W1, W2 * a[:, None], W3 / a[:, None]
+
+
+# ----------------------------------------------------------------------------- (3)
+class SoftmaxAttention(Network):
+    """Standard softmax self-attention network (3), single head.
+
+    ``Yhat_i = softmax(X_i Wq Wk^T X_i^T / sqrt(d)) X_i Wv Wo`` of shape (n, c_token), read at
+    token 0 (targets (N,) or (N, c): ``c_token = c``) or at every token, flattened row-major
+    (sequence targets (N, n, c_token): ``c = n * c_token``). Parameters ``Wq``, ``Wk``, ``Wv``
+    (d, d) and ``Wo`` (d, c_token); penalty ``beta/2 (||Wq||^2 + ||Wk||^2 + ||Wv||^2 + ||Wo||^2)``.
+    """
+
+    name = "softmax"
+
+    def __init__(self, n, d, c, sequence=False, seed=0, init_scale=1.0, dtype=torch.float64, device="cpu"):
+        super().__init__(n, d, c, dtype, device)
+        self.sequence = bool(sequence)
+        if self.sequence and c % n:
+            raise invalid("c", f"a multiple of n = {n} for sequence targets", repr(c))
+        self.c_token = c // n if self.sequence else c
+        rng = np.random.default_rng(seed)
+        for name, cols in (("Wq", d), ("Wk", d), ("Wv", d), ("Wo", self.c_token)):
+            W = init_scale * rng.standard_normal((d, cols)) / math.sqrt(d)
+            setattr(self, name, torch.nn.Parameter(_tensor(W, dtype, device)))
+
+    def attention(self, X):
+        """Attention matrices, shape (N, n_out, n): ``n_out = n`` (sequence) or 1 (token 0)."""
+        Q = (X if self.sequence else X[:, :1]) @ self.Wq
+        K = X @ self.Wk
+        return torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(self.d), dim=-1)
+
+    def forward(self, X):
+        out = self.attention(X) @ (X @ self.Wv) @ self.Wo
+        return out.reshape(X.shape[0], -1)
+
+    def penalty(self, beta):
+        return 0.5 * beta * sum(torch.sum(W ** 2) for W in (self.Wq, self.Wk, self.Wv, self.Wo))
+
+    def arrays(self):
+        return {k: getattr(self, k).detach().cpu().numpy().astype(float) for k in ("Wq", "Wk", "Wv", "Wo")}
+
+    @torch.no_grad()
+    def set_weights(self, Wq, Wk, Wv, Wo):
+        shapes = {"Wq": (self.d, self.d), "Wk": (self.d, self.d), "Wv": (self.d, self.d),
+                  "Wo": (self.d, self.c_token)}
+        for name, a in zip(shapes, (Wq, Wk, Wv, Wo)):
+            a = np.asarray(a, dtype=float)
+            if a.shape != shapes[name]:
+                raise invalid(name, f"shape {shapes[name]}", f"shape {a.shape}")
+            setattr(self, name, torch.nn.Parameter(_tensor(a, self.dtype, self.device)))
+        return self
+
+    @torch.no_grad()
+    def attention_map(self, X):
+        """Mean attention over the samples of ``X`` (ndarray (N, n, d)): shape (n_out, n)."""
+        (Xt,) = self.encode_inputs(X)
+        return self.attention(Xt).mean(dim=0).cpu().numpy().astype(float)
+
+
+# ----------------------------------------------------------------------------- (5)
+class LinearMHSA(Network):
+    """Linear multi-head self-attention network (5) of Sahiner et al. with ``m`` heads.
+
+    ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j`` (n x c_token), at every token (sequence targets,
+    ``c = n * c_token``, outputs ``(t, l)`` flattened row-major) or mean-pooled over tokens
+    (``pooled=True``, ``c = c_token``). Parameters ``W1`` (m, d, d) and ``W2`` (m, d, c_token);
+    penalty ``beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``. Program (6) is its convex equivalent:
+    P(Z*) is a lower bound on this objective for every m.
+    """
+
+    name = "linear_mhsa"
+
+    def __init__(self, n, d, c, heads, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64, device="cpu"):
+        super().__init__(n, d, c, dtype, device)
+        heads = check_int("heads", heads, 0)
+        self.pooled = bool(pooled)
+        if not self.pooled and c % n:
+            raise invalid("c", f"a multiple of n = {n} for sequence targets", repr(c))
+        self.c_token = c if self.pooled else c // n
+        rng = np.random.default_rng(seed)
+        W1 = init_scale * rng.standard_normal((heads, d, d)) / d
+        W2 = init_scale * rng.standard_normal((heads, d, self.c_token)) / math.sqrt(d * max(heads, 1))
+        self.W1 = torch.nn.Parameter(_tensor(W1, dtype, device))
+        self.W2 = torch.nn.Parameter(_tensor(W2, dtype, device))
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+    def forward(self, X):
+        G = X.transpose(1, 2) @ X
+        out = torch.einsum("ita,jak,ikb,jbc->itc", X, self.W1, G, self.W2)
+        return out.mean(dim=1) if self.pooled else out.reshape(X.shape[0], -1)
+
+    def penalty(self, beta):
+        return 0.5 * beta * (torch.sum(self.W1 ** 2) + torch.sum(self.W2 ** 2))
+
+    def arrays(self):
+        return {"W1": self.W1.detach().cpu().numpy().astype(float), "W2": self.W2.detach().cpu().numpy().astype(float)}
+
+    def to_weights(self):
+        a = self.arrays()
+        return MHSAHeads(a["W1"], a["W2"])
+
+    @torch.no_grad()
+    def set_weights(self, W1, W2):
+        """Set the heads: ``W1`` (m, d, d), ``W2`` (m, d, c_token)."""
+        W1, W2 = np.asarray(W1, dtype=float), np.asarray(W2, dtype=float)
+        m = W1.shape[0] if W1.ndim == 3 else -1
+        if W1.shape != (m, self.d, self.d) or W2.shape != (m, self.d, self.c_token):
+            raise invalid("W1, W2", f"shapes (m, {self.d}, {self.d}) and (m, {self.d}, {self.c_token})",
+                          f"{W1.shape} and {W2.shape}")
+        self.W1 = torch.nn.Parameter(_tensor(W1, self.dtype, self.device))
+        self.W2 = torch.nn.Parameter(_tensor(W2, self.dtype, self.device))
+        return self
+
+    @classmethod
+    def from_weights(cls, heads, n, pooled=False, **kwargs):
+        """The network of :class:`MHSAHeads` (e.g. recovered from program (6)) on sequences of n tokens."""
+        m, d, c_token = heads.W2.shape
+        c = c_token if pooled else n * c_token
+        return cls(n, d, c, 0, pooled=pooled, **kwargs).set_weights(heads.W1, heads.W2)
+
+    @torch.no_grad()
+    def effective_coefficients(self):
+        """The coefficients Z (d^2, d c_token) of program (6) that this network implements:
+        ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` (the output equals the program's map at Z,
+        and ``beta ||Z||_* <=`` the penalty)."""
+        a = self.arrays()
+        d = self.d
+        return np.einsum("jak,jlb->kalb", a["W1"], a["W2"]).reshape(d * d, d * self.c_token)
+
+
+def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, **kwargs):
+    """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11), ``"softmax"`` (3) or
+    ``"linear_mhsa"`` (5) (mean-pooled unless ``sequence``)."""
+    if model == "alternative":
+        return AlternativeAttention(n, d, c, heads, seed=seed, **kwargs)
+    if model == "gated":
+        if U1 is None or U2 is None:
+            raise invalid("U1, U2", "the gate vectors of program (12) for the gated network", "None")
+        return GatedAttention(n, d, c, heads, U1, U2, seed=seed, **kwargs)
+    if model == "softmax":
+        return SoftmaxAttention(n, d, c, sequence=sequence, seed=seed, **kwargs)
+    if model == "linear_mhsa":
+        return LinearMHSA(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
+    raise invalid("model", f"one of {MODELS}", repr(model))

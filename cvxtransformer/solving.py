@@ -1,0 +1,64 @@
+"""``solve``: one entry point for every backend, returning a certified :class:`SolveResult`."""
+import numpy as np
+
+from solvers import get_solver
+
+from .core.certificate import gap_safe_screen, screen_solution
+from .core.result import SolveResult
+from .core.validation import check_tol
+from .verify import certify
+
+
+def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, screen=True, refine="auto",
+          refine_time=10.0, **options):
+    """Solve a :class:`ConvexProblem` and certify the solution.
+
+    Parameters
+    ----------
+    problem : ConvexProblem, from :func:`cvxtransformer.make_problem`
+    solver : "clarabel" or "scs" (CVXPY backends), or "fista" (the torch proximal-gradient backend)
+    form : "primal" solves the program; "dual" solves its dual ((21)/(28)/(33), or the spectral-norm
+        dual of program (6)) and reads Z back from the multipliers of the norm constraints
+    tol : relative duality gap at which the result is ``certified`` (recomputed by the verifier)
+    screen : set to exactly zero the blocks that the gap-safe test proves zero at every optimum
+        (interior-point and splitting solvers return tiny nonzero values there; for the nuclear
+        norm, truncate Z to the proved rank bound)
+    refine : the verifier's refined dual point (:func:`cvxtransformer.certify`): True, False, or
+        "auto" (only when the solver's own dual point does not certify ``tol``)
+    refine_time : seconds allowed to the refinement
+    options : passed to the backend (``max_iter``, ``time_limit``, solver settings; see each solver)
+
+    For ``beta >= beta_max`` the solution ``Z = 0`` is known in closed form; it is returned
+    without calling the solver and certified like any other.
+
+    Example
+    -------
+    >>> import numpy as np, cvxtransformer as ct
+    >>> X = np.random.default_rng(0).standard_normal((30, 4, 3))
+    >>> P = ct.make_problem(X, X[:, 1, 0], program=8, beta=1.0)
+    >>> ct.solve(P, "clarabel").certified
+    True
+    """
+    tol = check_tol(tol)
+    backend = get_solver(solver)
+    backend.validate(problem, form, options)
+    program = problem.program
+    screened = None
+    if problem.beta >= problem.beta_max():
+        Z, V, status, times, iterations, history = (problem.zeros(), None, "zero (beta >= beta_max)",
+                                                    (0.0, 0.0), 0, [])
+    else:
+        out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **options)
+        Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
+        times, screened = (out.build_seconds, out.solve_seconds), out.screened
+        if screen and screened is None:
+            Z, screened = screen_solution(problem, Z, V)
+    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time)
+    if screened is None:
+        screened = gap_safe_screen(problem, cert.V, cert.duality_gap)
+    V_out = cert.V[:, 0] if program.n_outputs == 1 and program.name == 8 else cert.V
+    return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver,
+                       beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
+                       build_seconds=times[0], solve_seconds=times[1], iterations=iterations,
+                       U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), history=history,
+                       screened=np.asarray(screened))

@@ -1,0 +1,94 @@
+"""CVXPY backends: any program or its dual, built by :mod:`cvxtransformer.core.cvxpy_builders`,
+solved with Clarabel (interior point) or SCS (operator splitting)."""
+import time
+import warnings
+
+import cvxpy as cp
+
+from cvxtransformer.core.cvxpy_builders import BUILDERS
+from cvxtransformer.core.errors import MissingDependencyError, SolverError
+from cvxtransformer.core.result import BackendOutput
+
+from .base import Solver
+
+CVXPY_FACES = {"loss": ("cvxpy_value", "cvxpy_dual"),
+               "regularizer": ("cvxpy_value", "cvxpy_dual_constraint"),
+               "program": ("cvxpy_variable", "cvxpy_forward", "cvxpy_adjoint", "cvxpy_blocks", "from_cvxpy",
+                           "from_blocks")}
+
+
+class CVXPYSolver(Solver):
+    """A conic solver called through CVXPY; ``max_iter``, ``time_limit`` and the solver's own
+    settings (by their CVXPY names) are options."""
+
+    forms = ("primal", "dual")
+    requires = CVXPY_FACES
+    cvxpy_name = ""
+    translate = {}  # our option name -> the solver's setting
+
+    def settings(self, tol, options):
+        raise NotImplementedError
+
+    def validate(self, problem, form, options):
+        known = set(self.translate) | set(self.settings(1e-6, {}))
+        self.options = tuple(sorted(known))
+        super().validate(problem, form, options)
+        if self.cvxpy_name not in cp.installed_solvers():
+            raise MissingDependencyError(f"solver: {self.name} is not installed; pip install {self.name}")
+
+    def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
+        label = problem.program.label
+        t0 = time.perf_counter()
+        built = BUILDERS[form](problem)
+        t1 = time.perf_counter()
+        options = {self.translate.get(k, k): v for k, v in options.items()}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                built.problem.solve(solver=self.cvxpy_name, verbose=verbose, **self.settings(tol, options))
+            except cp.error.SolverError as exc:
+                raise SolverError(f"solver: {self.name} failed on the {form} of {label} ({exc}); try the "
+                                  "other solver, a larger beta, or rescaled data") from None
+        t2 = time.perf_counter()
+        status = built.problem.status
+        if status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT):
+            raise SolverError(f"solver: {self.name} returned status {status!r} on the {form} of {label}; "
+                              "try the other solver")
+        try:
+            Z, V = built.extract_Z(), built.extract_V()
+        except (TypeError, AttributeError, ValueError):
+            raise SolverError(f"solver: {self.name} returned no solution (status {status!r}); "
+                              "try the other solver") from None
+        notes = sorted({str(w.message).split("\n")[0].strip() for w in caught})
+        if notes:
+            status = f"{status} ({'; '.join(notes)})"
+        return BackendOutput(Z=Z, V=V, status=status, build_seconds=t1 - t0, solve_seconds=t2 - t1,
+                             iterations=getattr(built.problem.solver_stats, "num_iters", None))
+
+
+class Clarabel(CVXPYSolver):
+    """Clarabel, interior point: gaps of 1e-9 and below on these programs (docs/accuracy.md)."""
+
+    name = "clarabel"
+    cvxpy_name = "CLARABEL"
+    translate = {"max_iter": "max_iter", "time_limit": "time_limit"}
+
+    def settings(self, tol, options):
+        eps = min(1e-9, 1e-2 * tol)
+        settings = dict(tol_gap_abs=eps, tol_gap_rel=eps, tol_feas=eps, tol_ktratio=1e-7, max_iter=500)
+        settings.update(options)
+        return settings
+
+
+class SCS(CVXPYSolver):
+    """SCS, operator splitting: first-order accuracy, large problems."""
+
+    name = "scs"
+    cvxpy_name = "SCS"
+    translate = {"max_iter": "max_iters", "time_limit": "time_limit_secs"}
+
+    def settings(self, tol, options):
+        eps = min(1e-6, 1e-2 * tol)
+        settings = dict(eps_abs=eps, eps_rel=eps, max_iters=200_000)
+        settings.update(options)
+        return settings

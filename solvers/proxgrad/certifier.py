@@ -1,0 +1,56 @@
+"""Float64 certificate checks for the torch backend (SPEC.md, Certificates), celer-style.
+
+At every check the whole problem is evaluated in float64 at ``x`` with the verifier's own
+function (:func:`cvxtransformer.core.certificate.scaled_residual`): ``P(x)``, the dual point
+``V = -grad L(A x)`` scaled into the dual feasible set, ``D``, and the gap against the best dual
+point seen so far. This is the quantity the verifier recomputes from the returned Z, so the
+backend stops exactly when the verifier will certify.
+"""
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cvxtransformer.core.certificate import scaled_residual
+
+
+@dataclass
+class CheckResult:
+    primal: float
+    dual: float
+    gap: float
+    relative_gap: float
+    G: torch.Tensor  # A^T V(x), unscaled, canonical layout: the working set's scores
+    seconds: float
+
+
+class Certifier:
+    """Float64 evaluation of the whole problem; keeps the best dual point.
+
+    Parameters
+    ----------
+    problem : ConvexProblem
+    op : the program's float64 torch operator on the solve's device
+    T : tensor (N, n_outputs) float64, encoded targets
+    """
+
+    def __init__(self, problem, op, T):
+        self.problem, self.op, self.T = problem, op, T
+        self.dual_best, self.V_best, self.G_best = -math.inf, None, None
+
+    def check(self, x, Yhat=None):
+        """Certify ``x`` (canonical, float64); ``Yhat = A x`` in float64 when already known."""
+        t0 = time.perf_counter()
+        p = self.problem
+        primal, V, s, dual, G = scaled_residual(p.loss, p.regularizer, self.op.forward, self.op.adjoint,
+                                                self.T, x, Yhat)
+        primal, dual = float(primal), float(dual)
+        if dual > self.dual_best:
+            self.dual_best, self.V_best, self.G_best = dual, s * V, s * G
+        gap = primal - self.dual_best
+        return CheckResult(primal, self.dual_best, gap, gap / max(1.0, abs(primal)), G, time.perf_counter() - t0)
+
+    def radius(self, gap):
+        """Radius of the gap-safe sphere around the best dual point."""
+        return math.sqrt(2.0 * max(gap, 0.0) / self.problem.loss.strong_concavity)

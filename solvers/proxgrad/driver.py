@@ -1,0 +1,266 @@
+"""Proximal-gradient backend in torch (``solver="fista"``): every program, loss and regulariser,
+CPU or CUDA, float64 or float32.
+
+Celer-style outer loop around FISTA (:mod:`.fista`):
+
+1. certify the current point in float64 on the whole problem (:mod:`.certifier`, the verifier's
+   own function) and stop as soon as the relative gap of SPEC.md is <= ``tol``;
+2. screen: blocks that the gap-safe test proves zero (groups; for the nuclear norm, a proved
+   rank bound);
+3. pick a working set (:mod:`.working_sets`): for the group lasso, the support and the worst KKT
+   violations among (gate, token) blocks, doubling each round;
+4. solve the restricted problem with FISTA, from the data in chunks of samples or, for a
+   quadratic loss when it is cheaper, from the Gram matrix of the restricted program (iterations
+   independent of N), with a Newton polish on a stable support; back to 1.
+
+The stopping rule is the certificate, never an iteration count: when ``max_iter`` or
+``time_limit`` runs out first, the status says so and the verifier reports ``certified: false``.
+"""
+import contextlib
+import sys
+import time
+
+import numpy as np
+import torch
+
+from cvxtransformer.core.arrays import F64, device_budget, resolve_device, resolve_dtype
+from cvxtransformer.core.errors import invalid
+from cvxtransformer.core.result import BackendOutput, Check
+from cvxtransformer.core.validation import check_choice, check_positive, check_tol
+
+from ..base import Solver
+from .certifier import Certifier
+from .fista import Budget, fista
+from .newton import Polisher
+from .smooth import DataSmooth, GramSmooth
+from .working_sets import working_set_for
+
+METHODS = ("auto", "gram", "data")
+GRAM_BYTES = 2 * 2**30  # largest Gram matrix formed on the CPU
+GEMM_SPEEDUP = {"cpu": 8.0, "cuda": 32.0}  # GEMM vs matrix-vector multiply-adds per second
+SMALL_WORK = 2e6  # multiply-adds per product below which CPU products run on one thread
+
+
+@contextlib.contextmanager
+def cpu_threads(device, work, threads=None):
+    """``threads`` CPU threads (one while products are small: splitting them costs more than it
+    saves, and on a loaded machine every parallel region waits for a descheduled thread)."""
+    want = 1 if work < SMALL_WORK else threads
+    if device.type != "cpu" or want is None or want == torch.get_num_threads():
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(want)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+class ProxGrad(Solver):
+    """Accelerated proximal gradient in torch with a certified stop (see the module docstring).
+
+    Options
+    -------
+    device : "cpu" or "cuda" (or "cuda:i")
+    dtype : "float64" or "float32", the working precision of the iterations (certificates are
+        always float64; in float32 relative gaps below about 1e-6 may not be reachable, and the
+        status then says "stalled")
+    max_iter : int, budget of proximal-gradient iterations over all working sets (default 20000)
+    time_limit : seconds, or None
+    progress : print the certified gap and objective as the solve goes (stderr)
+    chunk_size : samples per chunk of data products (None: automatic)
+    init : warm start, coefficients in the program's shape
+    screen : gap-safe screening of blocks proved zero
+    screen_norms : "exact" computes the operator norm of every group once per program (cached,
+        e.g. along a path); "auto" uses it when cached and the bound ``||A_g||_F`` otherwise
+    working_set : solve growing working sets of blocks (False: always the whole problem)
+    method : "auto" (cost model), "gram" or "data": how a quadratic loss is evaluated
+    check_every : iterations between gap checks of the inner solver
+    p0 : blocks in the first working set
+    threads : CPU threads for torch during the solve (None: torch's setting; small products
+        always run on one thread)
+    stop : callable(primal, dual) -> bool, checked at every certified check: stop early when true
+        (the verifier's refinement uses it)
+    """
+
+    name = "fista"
+    forms = ("primal",)
+    requires = {"loss": ("value", "dual_variable", "dual_objective", "lipschitz", "strong_concavity", "quadratic"),
+                "regularizer": ("prox", "value", "dual_norm", "screen"),
+                "program": ("operator", "block_norms", "canonical_shape")}
+    options = ("device", "dtype", "max_iter", "time_limit", "progress", "chunk_size", "init", "screen",
+               "working_set", "method", "check_every", "p0", "screen_norms", "threads", "stop")
+    defaults = dict(device="cpu", dtype="float64", max_iter=20_000, time_limit=None, progress=False,
+                    chunk_size=None, init=None, screen=True, working_set=True, method="auto", check_every=10,
+                    p0=10, screen_norms="auto", threads=None, stop=None)
+
+    def validate(self, problem, form, options):
+        super().validate(problem, form, options)
+        self.checked_options(problem, options)
+
+    def checked_options(self, problem, options):
+        """The options with defaults, validated; errors name the option."""
+        o = dict(self.defaults, **options)
+        o["device"], o["dtype"] = resolve_device(o["device"]), resolve_dtype(o["dtype"])
+        o["max_iter"] = check_positive("max_iter", o["max_iter"], integer=True)
+        o["time_limit"] = check_positive("time_limit", o["time_limit"], none_ok=True)
+        o["chunk_size"] = check_positive("chunk_size", o["chunk_size"], integer=True, none_ok=True)
+        o["check_every"] = check_positive("check_every", o["check_every"], integer=True)
+        o["p0"] = check_positive("p0", o["p0"], integer=True)
+        o["threads"] = check_positive("threads", o["threads"], integer=True, none_ok=True)
+        check_choice("screen_norms", o["screen_norms"], ("auto", "exact"))
+        check_choice("method", o["method"], METHODS)
+        if o["method"] == "gram" and not (problem.loss.quadratic and problem.regularizer.name == "group_lasso"):
+            raise invalid("method", '"auto" or "data" here', '"gram"',
+                          "the Gram representation needs a quadratic loss (squared) and the group lasso")
+        if o["init"] is not None:
+            o["init"] = problem.program.check_Z(o["init"], "init")
+        if o["stop"] is not None and not callable(o["stop"]):
+            raise invalid("stop", "a callable(primal, dual) -> bool or None", repr(o["stop"]))
+        return o
+
+    def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
+        """Solve to a certified relative gap ``tol``; returns a :class:`BackendOutput` with Z in the
+        program's shape, the best dual point V, the screened blocks and the history of checks."""
+        if form != "primal":
+            raise invalid("form", '"primal" for solver fista', repr(form))
+        tol = check_tol(tol)
+        o = self.checked_options(problem, options)
+        t_start = time.perf_counter()
+        budget = Budget(o["max_iter"], o["time_limit"])
+        work = problem.program.N * int(np.prod(problem.program.canonical_shape))
+        with cpu_threads(o["device"], work, o["threads"]):
+            run = _Run(problem, o, o["progress"] or verbose, t_start)
+            status = run.loop(tol, budget, o)
+        t_end = time.perf_counter()
+        return BackendOutput(Z=run.x.cpu().numpy().reshape(problem.program.shape), V=run.cert.V_best.cpu().numpy(),
+                             status=status, build_seconds=run.build_seconds,
+                             solve_seconds=t_end - t_start - run.build_seconds, iterations=budget.iterations,
+                             history=run.history, screened=run.ws.screened_mask())
+
+
+class _Run:
+    """State of one solve: data on the device, the certifier, the iterate, the history."""
+
+    def __init__(self, problem, o, progress, t_start):
+        p = problem.program
+        device, dtype, chunk = o["device"], o["dtype"], o["chunk_size"]
+        self.problem, self.device, self.dtype, self.chunk = problem, device, dtype, chunk
+        self.progress, self.t_start, self.history = progress, t_start, []
+        self.op64 = p.operator(device, F64, chunk)
+        self.T64 = torch.from_numpy(np.ascontiguousarray(problem.T, dtype=float)).to(device)
+        self.cert = Certifier(problem, self.op64, self.T64)
+        self.ws = working_set_for(problem, self.op64, o["screen_norms"])
+        self.opw = self.op64 if dtype == F64 else p.operator(device, dtype, chunk)
+        self.Tw = self.T64 if dtype == F64 else self.T64.to(dtype)
+        self.x = torch.zeros(p.canonical_shape, dtype=F64, device=device)
+        if o["init"] is not None:
+            self.x = torch.from_numpy(np.ascontiguousarray(o["init"])).reshape(p.canonical_shape).to(device)
+        self.L, self.cache, self.last_iters = None, {}, None
+        self.build_seconds = time.perf_counter() - t_start
+
+    def log(self, kind, iteration, primal, dual, screened=None, ws=None, method=None):
+        gap = primal - dual
+        entry = Check(kind=kind, iteration=iteration, seconds=time.perf_counter() - self.t_start, primal=primal,
+                      dual=dual, gap=gap, relative_gap=gap / max(1.0, abs(primal)), screened=screened,
+                      working_set=ws, method=method)
+        self.history.append(entry)
+        if self.progress:
+            extra = "" if kind != "certified" else f"  screened {screened}  working set {ws}"
+            print(f"fista {kind:9s} it {iteration:6d}  {entry.seconds:8.2f}s  P {primal:.10g}  "
+                  f"rel gap {entry.relative_gap:.3e}{extra}", file=sys.stderr, flush=True)
+
+    def loop(self, tol, budget, o):
+        ws_size, method_used, floor_hits, best_rel, Yhat, n_screened = 0, None, 0, np.inf, None, 0
+        while True:
+            if Yhat is None:
+                Yhat = self.ws.forward(self.x)
+            chk = self.cert.check(self.x, Yhat)
+            done = chk.relative_gap <= tol
+            if o["screen"] and chk.relative_gap < 1e-2 and (not done or self.ws.norms_known()):
+                n_screened = self.ws.screen(self.cert.G_best, self.cert.radius(chk.gap))
+            self.log("certified", budget.iterations, chk.primal, chk.dual, n_screened, ws_size, method_used)
+            if done:
+                return f"certified: relative gap {chk.relative_gap:.2e} <= tol"
+            if o["stop"] is not None and o["stop"](chk.primal, chk.dual):
+                return f"stopped by the caller: relative gap {chk.relative_gap:.2e}"
+            reason = budget.spent()
+            if reason:
+                return f"{reason} reached: relative gap {chk.relative_gap:.2e} > tol {tol:g}"
+            key, settled, ws_size = self.ws.next(chk, self.x, o["working_set"], o["p0"])
+            floor_hits = floor_hits + 1 if settled and chk.relative_gap > 0.5 * best_rel else 0
+            best_rel = min(best_rel, chk.relative_gap)
+            if floor_hits >= 3:
+                precision = str(self.dtype).replace("torch.", "")
+                return (f"stalled at relative gap {chk.relative_gap:.2e} > tol {tol:g}: the {precision} "
+                        "working precision cannot certify less")
+            inner_tol = 0.5 * tol if settled else max(0.5 * tol, 0.3 * chk.relative_gap)
+            sm, op, method_used = self.subproblem(key, o["method"])
+            x = sm.from_canonical(self.ws.extract(self.x, key).to(self.dtype))
+            slack = 1e-9 if self.dtype == F64 else 1e-4
+            polish = Polisher() if self.ws.polishable and sm.quadratic else None
+            it0 = budget.iterations
+
+            def on_check(k, primal, dual):
+                self.log("inner", k, primal, dual)
+
+            size = int(np.prod(op.shape))
+            work = size * (size // self.problem.program.n_outputs if method_used == "gram" else op.N)
+            with cpu_threads(self.device, work):
+                if method_used == "gram":
+                    if "L" not in self.cache:
+                        self.cache["L"] = sm.lipschitz_guess(None)
+                    L0 = self.cache["L"]
+                else:
+                    L0 = self.L if self.L is not None else sm.lipschitz_guess(sm.grad(x, sm.image(x))[0])
+                x, ix, L, _ = fista(sm, x, self.problem.regularizer, L0, inner_tol, budget, o["check_every"],
+                                    on_check, slack, polish=polish)
+            if method_used == "data":
+                self.L = L
+            else:
+                self.cache["L"] = L
+            self.last_iters = budget.iterations - it0
+            block = sm.to_canonical(x).to(F64)
+            self.x = self.ws.embed(block, key)
+            Yhat = None
+            if self.dtype == F64 and method_used == "data":  # A x in float64 is at hand: reuse it
+                Yhat = ix
+
+    def subproblem(self, key, method):
+        """The smooth part of the program restricted to the working set ``key``, how it is evaluated,
+        and its operator. The Gram matrix, or the data path's copy of the tokens, is kept while the
+        working set does not change."""
+        cache_key = None if key is None else tuple(tuple(k.tolist()) for k in key)
+        if self.cache.get("key", "none") != cache_key:
+            self.cache = {"key": cache_key, "op": self.ws.restrict(self.opw, key)}
+        op = self.cache["op"]
+        use_gram = hasattr(op, "gram") and (method == "gram" or (
+            method == "auto" and self.problem.loss.quadratic and self._gram_pays(op)))
+        if not use_gram:
+            if "data" not in self.cache:
+                mat = op.materialize() if hasattr(op, "materialize") else op  # polish may form a support Gram
+                work = 100.0 * GEMM_SPEEDUP[self.device.type] * mat.N * int(np.prod(mat.shape))
+                self.cache["data"] = DataSmooth(mat, self.problem.loss, self.Tw, work)
+            sm = self.cache["data"]
+            return sm, sm.op, "data"
+        if "gram" not in self.cache:
+            H, B = op.gram(self.Tw)
+            tt = float(torch.sum(self.T64 * self.T64))
+            self.cache["gram"] = GramSmooth(H, B, tt, op.hJ, op.nK, op.d)
+        return self.cache["gram"], op, "gram"
+
+    def _gram_pays(self, op):
+        """Cost model: forming H (N F^2 multiply-adds, at GEMM speed) and iterations of F^2 c,
+        against iterations that stream the N x F data twice. A GEMM runs about ``GEMM_SPEEDUP``
+        times faster per multiply-add than a product that streams its matrix once."""
+        F = op.hJ * op.F
+        if F * F * op.X.element_size() > min(GRAM_BYTES, device_budget(self.device)):
+            return False
+        r = GEMM_SPEEDUP[self.device.type]
+        c = self.problem.program.n_outputs
+        t_data = 2.0 * op.N * op.F * max(1.0, op.hJ * c / r)
+        t_gram_iter = F * F * max(1.0, c / r)
+        t_build = op.N * F * (F + c) / r
+        k = 100 if self.last_iters is None else max(50, 1.5 * self.last_iters)
+        return t_build + k * t_gram_iter < k * t_data

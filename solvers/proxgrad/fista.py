@@ -1,0 +1,115 @@
+"""FISTA: accelerated proximal gradient with backtracking and adaptive restart, on any smooth
+representation and any regulariser with a torch prox.
+
+The subproblem's relative duality gap is checked every ``check_every`` iterations and the run
+stops at ``tol``; a :class:`Budget` of iterations and seconds is shared by every inner solve.
+"""
+import math
+import time
+
+import torch
+
+
+class Budget:
+    """Iterations and seconds left to a solve; shared by every inner solve."""
+
+    def __init__(self, max_iter, time_limit):
+        self.iterations = 0
+        self.max_iter = max_iter
+        self.deadline = None if time_limit is None else time.perf_counter() + time_limit
+
+    def spent(self):
+        if self.iterations >= self.max_iter:
+            return "max_iter"
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return "time_limit"
+        return None
+
+
+def _dot(a, b):
+    return float(torch.dot(a.reshape(-1), b.reshape(-1)))
+
+
+def gap_terms(sm, reg, x, ix, fx, g, state):
+    """P(x) and D(s V) of the subproblem at x (float64 floats)."""
+    primal = (float(sm.value(x, ix)) if fx is None else fx) + float(reg.value(x))
+    gmax = float(reg.dual_norm(g))
+    return primal, float(sm.dual_value(state, 1.0 if gmax <= reg.beta else reg.beta / gmax))
+
+
+def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9, stall_checks=30, polish=None):
+    """Run FISTA on ``sm`` + ``reg`` from ``x`` until the subproblem's relative gap is <= ``tol``.
+
+    Parameters
+    ----------
+    sm : a smooth representation (:mod:`.smooth`)
+    x : tensor in ``sm``'s layout, the starting point
+    reg : the regulariser (its torch ``prox``, ``value`` and ``dual_norm``)
+    L : float, a starting estimate of the Lipschitz constant of grad f
+    tol : relative gap of the subproblem at which to stop
+    budget : :class:`Budget`
+    on_check : callable(iterations, primal, dual) called at every gap check (progress, history)
+    slack : relative slack of the backtracking test (rounding of the working dtype)
+    polish : optional :class:`~.newton.Polisher` (the squared loss with the group lasso)
+
+    Returns
+    -------
+    x, its image, L, reason: ``"converged"``, ``"stalled"`` (the gap stopped decreasing at this
+    precision) or the budget that ran out.
+    """
+    ix = sm.image(x)
+    y, iy, t = x, ix, 1.0
+    best, stale = math.inf, 0
+    while True:
+        reason = budget.spent()
+        if reason:
+            return x, ix, L, reason
+        g, state = sm.grad(y, iy)
+        fy = None if sm.quadratic else float(sm.value(y, iy))
+        while True:
+            xn = reg.prox(torch.add(y, g, alpha=-1.0 / L), 1.0 / L)
+            ixn = sm.image(xn)
+            d = xn - y
+            dd = _dot(d, d)
+            if sm.quadratic:
+                fxn = None
+                need = float(sm.curvature(d, ixn, iy))
+                ok = need <= L * dd * (1.0 + slack) + 1e-300
+            else:
+                fxn = float(sm.value(xn, ixn))
+                excess = fxn - fy - _dot(g, d)
+                need = 2.0 * excess / dd if dd > 0 else 0.0
+                ok = excess <= 0.5 * L * dd + slack * abs(fy)
+            if ok:
+                break
+            L = max(1.1 * need, 1.25 * L)
+        budget.iterations += 1
+        if budget.iterations % check_every == 0:
+            primal, dual = gap_terms(sm, reg, xn, ixn, fxn, g, state)  # dual point V at y: feasible once scaled
+            gap = (primal - dual) / max(1.0, abs(primal))
+            if on_check is not None:
+                on_check(budget.iterations, primal, dual)
+            if gap <= tol:
+                return xn, ixn, L, "converged"
+            stale = stale + 1 if gap > 0.99 * best else 0
+            best = min(best, gap)
+            if stale >= stall_checks:
+                return xn, ixn, L, "stalled"
+            if polish is not None:
+                found = polish(sm, reg, xn, primal, gap, tol, on_check, budget.iterations)
+                if found is not None and found[3]:
+                    return found[0], found[1], L, "converged"
+                if found is not None:  # a better point: restart from it
+                    xn, ixn = found[0], found[1]
+                    x, ix, y, iy, t = xn, ixn, xn, ixn, 1.0
+                    continue
+        dx = xn - x
+        if _dot(d, dx) < 0:  # restart: the momentum points uphill, <y - xn, xn - x> > 0
+            t, y, iy = 1.0, xn, ixn
+        else:
+            t_next = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * t * t))
+            mom = (t - 1.0) / t_next
+            y = torch.add(xn, dx, alpha=mom)
+            iy = torch.add(ixn, ixn - ix, alpha=mom)
+            t = t_next
+        x, ix = xn, ixn

@@ -1,0 +1,126 @@
+"""The smooth part ``f(Z) = sum_i L(yhat_i(Z), y_i)`` of a (sub)problem, in two representations.
+
+Both keep, for an iterate ``x``, its *image* (``A x`` from the data, or ``x H`` from the Gram
+matrix), so that the image of an extrapolated point is a linear combination of known images
+and every iteration of the accelerated proximal gradient needs one product with the data
+(or the Gram matrix) forward and one adjoint.
+
+* :class:`DataSmooth`: any loss and any program, from the program's torch operator (chunks of
+  samples); the layout is the operator's; the image is ``yhat`` of shape (N, n_outputs).
+* :class:`GramSmooth`: a quadratic loss on an operator that offers ``gram`` (programs (8), (10),
+  (12)), from ``H = A_l^T A_l`` (F, F) and ``B = A^T T`` (c, F), F = |J|*|K|*d: an iteration
+  costs F^2 c, independent of N; layout (c, |J|, |K|, d) (groups stay on the last axis).
+
+Each offers ``image(x)``, ``grad(y, iy) -> (g, state)`` with ``state`` the dual information at
+``y``, ``value(x, ix)`` (float64), ``dual_value(state, s)`` = D(s V_y) (float64) and, for a
+quadratic loss, ``curvature(d, ixn, iy) = ||A d||^2`` and ``support_system(J, K)`` (the Gram
+matrix of a support, for the Newton polish of :mod:`.newton`).
+"""
+import torch
+
+from cvxtransformer.core.arrays import F64
+
+
+class DataSmooth:
+    """``f`` from the data: ``image(x) = A x``; ``grad = -A^T V`` with ``V = -grad L``."""
+
+    def __init__(self, op, loss, T, max_gram_work=0.0):
+        self.op, self.loss, self.T = op, loss, T
+        self.quadratic = loss.quadratic
+        self.max_gram_work = max_gram_work  # multiply-adds allowed for a support Gram (polish)
+
+    def from_canonical(self, x):
+        """Canonical coefficients of the operator -> this layout (the same)."""
+        return x.contiguous()
+
+    def to_canonical(self, x):
+        return x
+
+    def image(self, x):
+        return self.op.forward(x)
+
+    def grad(self, y, iy):
+        V = self.loss.dual_variable(iy, self.T)
+        return self.op.adjoint(V).neg_(), V
+
+    def value(self, x, ix):
+        return self.loss.value(ix, self.T)
+
+    def curvature(self, d, ixn, iy):
+        r = (ixn - iy).reshape(-1)
+        return torch.dot(r, r)
+
+    def dual_value(self, V, s):
+        return self.loss.dual_objective(V, self.T, s)
+
+    def support_system(self, J, K):
+        """(H, A^T T) of the gates J and tokens K of this op (quadratic loss, operators with a Gram
+        matrix, and a support small enough; else None)."""
+        if not self.quadratic or not hasattr(self.op, "gram") or \
+                self.op.N * (len(J) * len(K) * self.op.d) ** 2 > self.max_gram_work:
+            return None
+        return self.op.restrict(J, K).gram(self.T)
+
+    def lipschitz_guess(self, g):
+        """Lower estimate of the Lipschitz constant of grad f: curvature along ``g``."""
+        Ag = self.op.forward(g)
+        num = float(torch.sum(Ag * Ag, dtype=F64))
+        den = float(torch.sum(g * g, dtype=F64))
+        return self.loss.lipschitz * num / den if den > 0 else 1.0
+
+
+class GramSmooth:
+    """``f(x) = 1/2 ||T||^2 - <B, x> + 1/2 <x, x H>`` for the squared loss; image ``x H`` (c, F)."""
+
+    quadratic = True
+
+    def __init__(self, H, B, tt, hJ, nK, d):
+        self.H, self.B, self.tt = H, B, float(tt)
+        self.c, self.F = B.shape
+        self.shape = (self.c, hJ, nK, d)
+        self.B4 = B.view(self.shape)
+
+    def from_canonical(self, x4):
+        """(|J|, c, |K|, d) -> (c, |J|, |K|, d)."""
+        return x4.transpose(0, 1).contiguous()
+
+    def to_canonical(self, x):
+        return x.transpose(0, 1)
+
+    def image(self, x):
+        return (x.view(self.c, self.F) @ self.H).view(self.shape)
+
+    def support_system(self, J, K):
+        """Rows and columns of H, and columns of B, of the gates J and tokens K."""
+        _, hJ, nK, d = self.shape
+        idx = ((J[:, None, None] * nK + K[None, :, None]) * d + torch.arange(d, device=J.device)).reshape(-1)
+        return self.H.index_select(0, idx).index_select(1, idx), self.B.index_select(1, idx)
+
+    def grad(self, y, iy):
+        return iy - self.B4, (y, iy)
+
+    def value(self, x, ix):
+        return 0.5 * self.tt - torch.sum(self.B4 * x, dtype=F64) + 0.5 * torch.sum(x * ix, dtype=F64)
+
+    def curvature(self, d, ixn, iy):
+        return torch.dot(d.reshape(-1), (ixn - iy).reshape(-1))
+
+    def dual_value(self, state, s):
+        """D(s V_y) with ``V_y = T - A y``: ``<V_y, T> = tt - <B, y>``, ``||V_y||^2 = tt - 2<B, y> + <y, y H>``."""
+        y, iy = state
+        by = torch.sum(self.B4 * y, dtype=F64)
+        yHy = torch.sum(y * iy, dtype=F64)
+        return s * (self.tt - by) - 0.5 * s * s * (self.tt - 2.0 * by + yHy)
+
+    def lipschitz_guess(self, g, iterations=20):
+        """``1.05 lambda_max(H)`` by power iteration (backtracking guards the rest)."""
+        v = torch.randn(1, self.F, dtype=self.H.dtype, device=self.H.device,
+                        generator=torch.Generator(device=self.H.device).manual_seed(0))
+        lam = 0.0
+        for _ in range(iterations):
+            w = v @ self.H
+            lam = float(torch.linalg.vector_norm(w))
+            if lam == 0.0:
+                return 1.0
+            v = w / lam
+        return 1.05 * lam

@@ -1,0 +1,167 @@
+"""Working sets and screening of the torch backend, one strategy per regulariser.
+
+* :class:`BlockWorkingSet` (group lasso): blocks are (gate j, token k) pairs; gap-safe screening
+  discards groups proved zero; the working set holds the support and the worst KKT violators and
+  grows until no block outside it violates the KKT conditions; subproblems restrict the operator
+  to gates J and tokens K.
+* :class:`WholeProblem` (nuclear norm): every iteration works on the whole matrix; gap-safe
+  screening gives a proved bound on the rank of every optimum (reported).
+
+Both offer ``forward`` (``A x`` for a certificate check), ``screen``, ``next`` (the next working
+set), ``restrict``, ``extract``, ``embed`` and ``screened_mask``.
+"""
+import weakref
+
+import numpy as np
+import torch
+
+from cvxtransformer.core.arrays import F64
+from cvxtransformer.core.regularizers import GroupLasso, NuclearNorm
+
+_BLOCK_NORMS = weakref.WeakKeyDictionary()  # program -> (h, n) tensor of exact ||A_g||, shared along a path
+
+
+class BlockWorkingSet:
+    """Working sets of (gate, token) blocks for the group lasso (programs (8), (10), (12)).
+
+    ``norms``: "exact" computes ``||A_g||`` for every group once per program (cached, e.g. along a
+    path); "auto" uses them when cached and the bound ``||A_g||_F`` otherwise.
+    """
+
+    polishable = True
+
+    def __init__(self, problem, op, norms="auto"):
+        self.problem, self.op, self.norms = problem, op, norms
+        self.h, self.c, self.n, self.d = problem.program.canonical_shape
+        self.screened = torch.zeros(self.h, self.c, self.n, dtype=torch.bool, device=op.device)
+        self.ws, self._bound = None, None
+
+    def norms_known(self):
+        """Whether exact operator norms are used (asked for, or cached for this program)."""
+        return self.norms == "exact" or self.problem.program in _BLOCK_NORMS
+
+    def block_norms(self):
+        program = self.problem.program
+        if program not in _BLOCK_NORMS and self.norms == "exact":
+            _BLOCK_NORMS[program] = self.op.block_norms().cpu()
+        if program in _BLOCK_NORMS:
+            return _BLOCK_NORMS[program].to(self.op.device)
+        if self._bound is None:
+            self._bound = self.op.block_norm_bounds()
+        return self._bound
+
+    def forward(self, x):
+        """``A x`` in float64 from the gates and tokens where ``x`` is nonzero only."""
+        nz = torch.linalg.vector_norm(x, dim=-1) > 0  # (h, c, n)
+        J = torch.nonzero(nz.any(dim=(1, 2))).flatten()
+        K = torch.nonzero(nz.any(dim=(0, 1))).flatten()
+        if len(J) == 0:
+            return torch.zeros(self.op.N, self.c, dtype=F64, device=self.op.device)
+        if len(J) * len(K) > 0.5 * self.h * self.n:
+            return self.op.forward(x)
+        return self.op.restrict(J, K).forward(x.index_select(0, J).index_select(2, K))
+
+    def screen(self, G_best, radius):
+        """Gap-safe test at the best dual point; returns the number of groups screened so far."""
+        self.screened |= self.problem.regularizer.screen(G_best, radius, self.block_norms()[:, None, :])
+        return int(self.screened.sum())
+
+    def next(self, chk, x, enabled, p0):
+        """The next working set ``(J, K)``, whether it is settled, and its number of groups.
+
+        The working set only grows: it keeps its blocks (gate j, token k) and adds the worst KKT
+        violators outside it (``max_l ||(A^T V)_{j,l,k}|| > beta``), at most as many as it holds
+        (at least ``p0``). It is *settled* when no block outside it violates the KKT conditions
+        (or it holds every unscreened block): its solution is then the full solution.
+        """
+        beta = self.problem.beta
+        blocks_open = ~self.screened.all(dim=1)  # (h, n)
+        if self.ws is None:
+            self.ws = torch.zeros_like(blocks_open)
+        self.ws |= (torch.linalg.vector_norm(x, dim=-1) > 0).any(dim=1)
+        score = torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=1) / beta
+        candidates = blocks_open & ~self.ws & (score > 1.0)
+        n_cand = int(candidates.sum())
+        if n_cand:
+            take = n_cand if not enabled else min(n_cand, max(p0, int(self.ws.sum())))
+            score = torch.where(candidates, score, torch.full_like(score, -np.inf))
+            add = torch.zeros(self.h * self.n, dtype=torch.bool, device=self.ws.device)
+            add[torch.topk(score.flatten(), take).indices] = True
+            self.ws |= add.view(self.h, self.n)
+        if not self.ws.any():  # nothing violates at x: keep the best-scored open block
+            self.ws.view(-1)[int(torch.argmax(torch.where(blocks_open, score, -np.inf)))] = True
+        J = torch.nonzero(self.ws.any(dim=1)).flatten()
+        K = torch.nonzero(self.ws.any(dim=0)).flatten()
+        self.ws[J[:, None], K[None, :]] = True
+        settled = n_cand == 0 or bool((self.ws | ~blocks_open).all())
+        return (J, K), settled, len(J) * len(K) * self.c
+
+    @staticmethod
+    def restrict(op, key):
+        J, K = key
+        return op.restrict(J, K)
+
+    @staticmethod
+    def extract(x, key):
+        J, K = key
+        return x.index_select(0, J).index_select(2, K)
+
+    def embed(self, block, key):
+        J, K = key
+        blockJ = torch.zeros(self.h, self.c, len(K), self.d, dtype=block.dtype, device=block.device)
+        blockJ.index_copy_(0, J, block)
+        return torch.zeros(self.h, self.c, self.n, self.d, dtype=block.dtype,
+                           device=block.device).index_copy_(2, K, blockJ)
+
+    def screened_mask(self):
+        """The groups proved zero, boolean, in the shape of the program's groups."""
+        return self.screened.cpu().numpy().reshape(self.problem.program.shape[:-1])
+
+
+class WholeProblem:
+    """No working set (the nuclear norm): the whole matrix at every iteration; gap-safe screening
+    proves a bound on the rank of every optimum (the number of unscreened singular directions)."""
+
+    polishable = False
+
+    def __init__(self, problem, op, norms="auto"):
+        self.problem, self.op = problem, op
+        self.mask = np.zeros(problem.program.n_blocks, dtype=bool)
+
+    def norms_known(self):
+        return True
+
+    def forward(self, x):
+        return self.op.forward(x)
+
+    def screen(self, G_best, radius):
+        p = self.problem
+        mask = p.regularizer.screen(G_best.cpu().numpy(), radius, p.program.block_norms())
+        self.mask |= mask  # each test is valid for every optimum: keep every direction proved inactive
+        return int(self.mask.sum())
+
+    def next(self, chk, x, enabled, p0):
+        return None, True, self.problem.program.n_blocks
+
+    @staticmethod
+    def restrict(op, key):
+        return op
+
+    @staticmethod
+    def extract(x, key):
+        return x
+
+    @staticmethod
+    def embed(block, key):
+        return block
+
+    def screened_mask(self):
+        return self.mask.copy()
+
+
+STRATEGIES = {GroupLasso: BlockWorkingSet, NuclearNorm: WholeProblem}
+
+
+def working_set_for(problem, op, norms):
+    """The working-set strategy of the problem's regulariser."""
+    return STRATEGIES[type(problem.regularizer)](problem, op, norms)
