@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from .. import __version__
+from ..energy import command as energy
 from ..experiments import grok, kernel, spectra, suite
 from . import compare, convex
 
@@ -28,6 +29,9 @@ COMMANDS = {
                "kernel preconditioning (UCSD eq. (9)): periodicity task, convex vs convex+Fastfood vs standard"),
     "spectral": (spectra.configure, spectra.run,
                  "spectral analysis: singular values and effective rank of each layer during training"),
+    "energy": (energy.configure, energy.run,
+               "the energy view (Yang, Huang & Wipf): energy per layer of the unfolded transformer, "
+               "StandardTransformer or MiniLM on real English text, and whether each step descended"),
 }
 
 
@@ -38,8 +42,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Help with the defaults shown, and descriptions kept as written."""
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help with the defaults shown (when there is one to show), and descriptions kept as written."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        if "%(default)" not in help and action.option_strings and not (
+                action.default is None or action.default is False or action.default is argparse.SUPPRESS):
+            help += " (default: %(default)s)"
+        return help
 
 
 def build_parser():

@@ -157,7 +157,7 @@ class _Run:
         self.x = torch.zeros(p.canonical_shape, dtype=F64, device=device)
         if o["init"] is not None:
             self.x = torch.from_numpy(np.ascontiguousarray(o["init"])).reshape(p.canonical_shape).to(device)
-        self.L, self.cache, self.last_iters = None, {}, None
+        self.cache, self.last_iters = {}, None
         self.build_seconds = time.perf_counter() - t_start
 
     def log(self, kind, iteration, primal, dual, screened=None, ws=None, method=None):
@@ -208,18 +208,10 @@ class _Run:
             size = int(np.prod(op.shape))
             work = size * (size // self.problem.program.n_outputs if method_used == "gram" else op.N)
             with cpu_threads(self.device, work):
-                if method_used == "gram":
-                    if "L" not in self.cache:
-                        self.cache["L"] = sm.lipschitz_guess(None)
-                    L0 = self.cache["L"]
-                else:
-                    L0 = self.L if self.L is not None else sm.lipschitz_guess(sm.grad(x, sm.image(x))[0])
-                x, ix, L, _ = fista(sm, x, self.problem.regularizer, L0, inner_tol, budget, o["check_every"],
-                                    on_check, slack, polish=polish)
-            if method_used == "data":
-                self.L = L
-            else:
-                self.cache["L"] = L
+                if "L" not in self.cache:  # a Lipschitz estimate per working set, refined by backtracking
+                    self.cache["L"] = sm.lipschitz_guess(None if method_used == "gram" else sm.grad(x, sm.image(x))[0])
+                x, ix, self.cache["L"], _ = fista(sm, x, self.problem.regularizer, self.cache["L"], inner_tol, budget,
+                                                  o["check_every"], on_check, slack, polish=polish)
             self.last_iters = budget.iterations - it0
             block = sm.to_canonical(x).to(F64)
             self.x = self.ws.embed(block, key)

@@ -71,6 +71,9 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
             ixn = sm.image(xn)
             d = xn - y
             dd = _dot(d, d)
+            if dd == 0.0:  # no move: nothing to test (the images may differ by rounding only)
+                fxn = None if sm.quadratic else float(sm.value(xn, ixn))
+                break
             if sm.quadratic:
                 fxn = None
                 need = float(sm.curvature(d, ixn, iy))
