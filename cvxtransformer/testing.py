@@ -1,7 +1,7 @@
 """Standard problems and named checks, shared by the tests and the benchmarks (as numpy.testing
 and cvxpy's solver test helpers are).
 
-:data:`CASES` lists every (program, loss, target kind) that SPEC.md allows; :func:`random_problem`
+:data:`CASES` lists every (program, loss, target kind) that docs/conventions.md allows; :func:`random_problem`
 builds a small random instance of one with ``beta = frac * beta_max``. The ``check_*`` functions
 recompute one property of a solution each, independently of the code that produced it, and raise
 ``AssertionError`` with a message naming what failed.
@@ -18,7 +18,7 @@ import numpy as np
 from .core.certificate import dual_feasible_point, scaled_residual
 from .core.problem import make_problem
 
-# Every (program, loss, target kind) that SPEC.md allows, on small random instances.
+# Every (program, loss, target kind) that docs/conventions.md allows, on small random instances.
 CASES = [
     (8, "squared", "scalar"),
     (8, "logistic", "binary"),
@@ -98,7 +98,7 @@ def check_strong_duality(problem, primal_result, dual_result, rtol):
 
 
 def check_kkt(result, stationarity, feasibility):
-    """KKT residuals of SPEC.md (relative to beta) below the given levels."""
+    """KKT residuals of docs/conventions.md (relative to beta) below the given levels."""
     cert = result.certificate
     assert cert.kkt_dual_feasibility <= feasibility, f"KKT dual feasibility {cert.kkt_dual_feasibility:.3e}"
     assert cert.kkt_stationarity <= stationarity, f"KKT stationarity {cert.kkt_stationarity:.3e}"

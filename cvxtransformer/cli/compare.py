@@ -3,7 +3,7 @@
 Solves the convex program, trains the chosen nonconvex networks on the same data and beta,
 and reports for each network its final objective, the certified lower bound D(V) and its
 certified optimality gap ``objective - D(V)``. Which convex program bounds which network
-(SPEC.md, Proposition 1 and Sahiner et al.):
+(docs/conventions.md, Proposition 1 and Sahiner et al.):
 
 * alternative attention (6)/(9): program (8) when ``--program 8``, else program (10);
 * gated-ReLU network (11): program (12), with the same gates U1, U2;
@@ -242,7 +242,7 @@ def _model_report(model, ref, run, net, convex, program):
         entry.update(bounding_program=None, certified_lower_bound=convex[program]["dual_objective"],
                      certified_gap=None, bound_applies=False, compared_with_program=program, convex_optimum=optimum,
                      objective_minus_convex_optimum=run.objective - optimum,
-                     note="network (3) is not covered by the bound (SPEC.md): the convex optimum is a comparison "
+                     note="network (3) is not covered by the bound (docs/conventions.md): the convex optimum is a comparison "
                           "point, and certified_lower_bound is D(V) of that program, not a bound on this network")
     entry.update(train_loss=h.train_loss[-1], test_loss=h.test_loss[-1], train_accuracy=h.train_accuracy[-1],
                  test_accuracy=h.test_accuracy[-1])

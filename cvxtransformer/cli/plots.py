@@ -29,7 +29,7 @@ CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:
 def convex_attention_map(Z4, n_out_tokens=1):
     """Token group norms of canonical coefficients ``Z4`` (h, c, n, d), shape (n_out_tokens, n).
 
-    With sequence targets the c outputs are ``(t, l)`` flattened row-major (SPEC.md), so
+    With sequence targets the c outputs are ``(t, l)`` flattened row-major (docs/conventions.md), so
     ``n_out_tokens = n`` folds them into one row per output token t.
     """
     norms = np.linalg.norm(Z4, axis=-1).sum(axis=0)  # (c, n)

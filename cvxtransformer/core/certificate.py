@@ -1,4 +1,4 @@
-"""Certificate primitives (SPEC.md, Certificates): everything is recomputed from Z itself.
+"""Certificate primitives (docs/conventions.md, Certificates): everything is recomputed from Z itself.
 
 From any Z: ``P(Z)``; the dual point ``V = s (-grad L(yhat(Z)))`` scaled into the dual feasible set;
 ``D(V)``; the duality gap ``P(Z) - D(V) >= P(Z) - p* >= 0``; the KKT residuals; beta_max; and
@@ -48,7 +48,7 @@ def scaled_residual(loss, regularizer, forward, adjoint, T, Z, Yhat=None):
 
 
 def kkt_residuals(problem, Z):
-    """KKT residuals relative to beta (SPEC.md): (stationarity on the support, dual feasibility off it)."""
+    """KKT residuals relative to beta (docs/conventions.md): (stationarity on the support, dual feasibility off it)."""
     G = problem.program.adjoint(problem.residual_dual(Z))
     return problem.regularizer.kkt_residuals(np.asarray(Z, dtype=float), G)
 

@@ -1,4 +1,4 @@
-"""Losses of SPEC.md, summed over samples, each with its Fenchel dual: one object per loss.
+"""Losses of docs/conventions.md, summed over samples, each with its Fenchel dual: one object per loss.
 
 A loss knows, for predictions ``Yhat`` of shape ``(N, c)`` and encoded targets ``T`` of
 shape ``(N, c)`` (see :meth:`Loss.encode`):

@@ -1,4 +1,4 @@
-"""Program (6) of Sahiner et al. (poster ``003``): convex linear multi-head self-attention (SPEC.md).
+"""Program (6) of Sahiner et al. (poster ``003``): convex linear multi-head self-attention (docs/conventions.md).
 
 With ``G_i = X_i^T X_i`` (d x d) and ``Z`` in ``R^{d^2 x dc}`` made of blocks ``Z^{(k,l)}`` (d x c),
 

@@ -1,4 +1,4 @@
-"""A convex training problem: a program, a loss, targets and a regulariser (SPEC.md).
+"""A convex training problem: a program, a loss, targets and a regulariser (docs/conventions.md).
 
     P(Z) = sum_i L(yhat_i(Z), y_i) + R(Z)
     D(V) = sum_i -L*(-V_i)   subject to dual_norm(A^T V) <= beta
@@ -98,7 +98,7 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     Parameters
     ----------
     X : array of shape (N, n, d)
-    y : targets as SPEC.md fixes them: ``(N,)`` for (8); ``(N, c)`` or ``(N, n, c)`` with the
+    y : targets as docs/conventions.md fixes them: ``(N,)`` for (8); ``(N, c)`` or ``(N, n, c)`` with the
         squared loss; ``(N,)`` labels in {-1, +1} (logistic) or in [0, c) (cross-entropy). For
         ``"mhsa"``, ``(N, n, c)`` targets are per token, all others are per sequence (mean-pooled output)
     program : 8, 10, 12 or "mhsa"

@@ -1,4 +1,4 @@
-"""The linear maps of programs (8), (10) and (12) and their adjoints (SPEC.md): one object per program.
+"""The linear maps of programs (8), (10) and (12) and their adjoints (docs/conventions.md): one object per program.
 
 All three share one canonical coefficient shape ``(h, c, n, d)``:
 ``yhat_il = sum_j M_ij <Z[j, l], X_i>``. Program (10) is the case ``h = 1`` with a gate that is

@@ -1,9 +1,9 @@
 """Regularisers: the group lasso of programs (8), (10), (12) and the nuclear norm of the linear
-multi-head self-attention program (SPEC.md). One object per regulariser.
+multi-head self-attention program (docs/conventions.md). One object per regulariser.
 
 A regulariser ``R`` (weight ``beta`` included) knows its value, its proximal operator, its
 dual norm (the dual constraint is ``dual_norm(A^T V) <= beta``), the KKT residuals of
-SPEC.md, the size of the support of a solution, a gap-safe screening test, and its CVXPY
+docs/conventions.md, the size of the support of a solution, a gap-safe screening test, and its CVXPY
 forms. Its *blocks* are what a solution can switch off: the groups of the group lasso, the
 singular directions of the nuclear norm. Numerical methods take numpy arrays or torch
 tensors (:func:`cvxtransformer.core.arrays.numpy_face`).
@@ -74,7 +74,7 @@ class GroupLasso(Regularizer):
 
     @numpy_face
     def kkt_residuals(self, Z, G):
-        """(stationarity on the support, dual feasibility off it), relative to beta (SPEC.md).
+        """(stationarity on the support, dual feasibility off it), relative to beta (docs/conventions.md).
 
         ``G = A^T(-grad L(yhat(Z)))``; stationarity ``max ||G_g - beta z_g/||z_g|| ||/beta`` over the
         support, feasibility ``max(0, ||G_g|| - beta)/beta`` off it.
@@ -164,7 +164,7 @@ class NuclearNorm(Regularizer):
 
     @numpy_face
     def kkt_residuals(self, Z, G):
-        """(stationarity, dual feasibility) of SPEC.md, relative to beta, spectral norms.
+        """(stationarity, dual feasibility) of docs/conventions.md, relative to beta, spectral norms.
 
         With the thin SVD ``Z = U S W^T`` of numerical rank r: stationarity is the largest of
         ``||U^T G W - beta I_r||``, ``||(I - U U^T) G W||`` and ``||U^T G (I - W W^T)||``;

@@ -106,7 +106,7 @@ def add_model_arguments(parser, steps_default):
     g.add_argument("--heads", type=int, default=4, help="attention heads of the standard transformer (default 4)")
     g.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     g.add_argument("--beta", type=float, default=None,
-                   help="group-penalty weight of the convex model in SPEC.md's summed objective (default 1e-3 N_train)")
+                   help="group-penalty weight of the convex model in docs/conventions.md's summed objective (default 1e-3 N_train)")
     g.add_argument("--weight-decay", type=float, default=1.0,
                    help="AdamW weight decay of the standard model (default 1)")
     g.add_argument("--batch-size", type=int, default=512, help="mini-batch size (default 512; capped at N_train)")

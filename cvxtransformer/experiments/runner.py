@@ -5,7 +5,7 @@ Settings (the defaults are the full-run settings of ``docs/reproduction.md``):
 * data: :func:`cvxtransformer.datasets.algorithmic.modular_division` or ``periodicity``,
   sequences ``[x, op, y, =]`` (n = 4, V = p + 2), ``train_fraction`` of the table for training;
 * convex model: :class:`cvxtransformer.nn.deep.DeepConvexNetwork`, trained with Adam on
-  SPEC.md's objective ``sum_i CE_i + beta * sum_layers sum_g ||z_g||`` (a mini-batch step uses
+  docs/conventions.md's objective ``sum_i CE_i + beta * sum_layers sum_g ||z_g||`` (a mini-batch step uses
   ``(N / B) sum_batch CE_i + beta R``, divided by N: mean batch loss + ``(beta / N) R``);
   ``beta`` defaults to ``1e-3 N`` (``BETA_PER_SAMPLE``);
 * standard model: :class:`cvxtransformer.nn.deep.StandardTransformer`, Adam with decoupled weight

@@ -5,7 +5,7 @@ of the UCSD report).
 Both map integer token sequences ``tokens`` of shape (N, n) (vocabulary V) to class logits of
 shape (N, C), through learned token embeddings of size ``dim``.
 
-:class:`ConvexLayer` is the map of program (12) (SPEC.md) as a torch layer: gate vectors
+:class:`ConvexLayer` is the map of program (12) (docs/conventions.md) as a torch layer: gate vectors
 ``U1`` (h, n), ``U2`` (h, d) fixed at random, coefficients ``Z`` of shape (h, c, n, d),
 
     yhat_il = sum_j M_ij <Z[j, l], X_i>,   M_ij = 1[u_1j^T X_i u_2j >= 0],
@@ -16,7 +16,7 @@ first: the layer is then program (12) on ``phi(X)`` (gates included).
 
 :class:`DeepConvexNetwork` stacks L of them. Layers 1..L-1 map a sequence (n, dim) to a
 sequence (n, dim): program (12) with one target vector per output token, ``c = n * dim``,
-outputs ``(t, l)`` flattened row-major as SPEC.md fixes for sequence targets. Layer L maps the
+outputs ``(t, l)`` flattened row-major as docs/conventions.md fixes for sequence targets. Layer L maps the
 sequence to the C class logits (``c = C``). With ``L = 1`` the network is program (12) on the
 embedded tokens. No residual connection, layer normalisation or softmax is used.
 
@@ -179,11 +179,11 @@ class DeepConvexNetwork(torch.nn.Module):
         return (X, used) if return_masks else X
 
     def penalty(self):
-        """``sum_layers sum_g ||z_g||_2``: the group penalty of SPEC.md summed over the layers."""
+        """``sum_layers sum_g ||z_g||_2``: the group penalty of docs/conventions.md summed over the layers."""
         return sum(block.penalty() for block in self.blocks)
 
     def objective(self, tokens, y, beta, masks=None):
-        """SPEC.md's objective: ``sum_i CE(logits_i, y_i) + beta * penalty`` (summed over samples)."""
+        """docs/conventions.md's objective: ``sum_i CE(logits_i, y_i) + beta * penalty`` (summed over samples)."""
         logits = self(tokens, masks=masks)
         return torch.nn.functional.cross_entropy(logits, y, reduction="sum") + beta * self.penalty()
 

@@ -1,8 +1,8 @@
-"""The nonconvex networks, as torch modules, with the weight-decay objectives of SPEC.md.
+"""The nonconvex networks, as torch modules, with the weight-decay objectives of docs/conventions.md.
 
 Four networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of shape (N, c),
 ``c`` the number of outputs of the encoded targets (``n * c`` for sequence targets, output
-``(t, l)`` flattened row-major, as in SPEC.md):
+``(t, l)`` flattened row-major, as in docs/conventions.md):
 
 * :class:`AlternativeAttention`, networks (6)/(9): heads ``j = 1..m`` with an attention row
   ``w_1j`` on the simplex, a value vector ``w_2j`` and an output vector ``w_3j``,
@@ -25,7 +25,7 @@ point of the simplex, vertices ``e_k`` included, is a parameter value, and the w
 Proposition 1 load exactly (:meth:`AlternativeAttention.from_weights`); the objective of the
 loaded network then equals the convex optimum P(Z*) to rounding.
 
-Objectives are summed over samples (SPEC.md): ``objective = sum_i L(yhat_i, y_i) + penalty``.
+Objectives are summed over samples (docs/conventions.md): ``objective = sum_i L(yhat_i, y_i) + penalty``.
 For (5), (6)/(9) and (11) the convex optimum P(Z*) is a lower bound on it, whatever the number of
 heads, and so is any dual value D(V) of the certificate. It is not a bound for (3).
 
@@ -85,7 +85,7 @@ class Network(torch.nn.Module):
         raise NotImplementedError
 
     def objective(self, inputs, T, loss, beta):
-        """``sum_i L(yhat_i, y_i) + penalty``: the weight-decay objective of SPEC.md (a 0-d tensor)."""
+        """``sum_i L(yhat_i, y_i) + penalty``: the weight-decay objective of docs/conventions.md (a 0-d tensor)."""
         T = T if torch.is_tensor(T) else _tensor(T, self.dtype, self.device)
         return get_loss(loss).value(self(*inputs), T) + self.penalty(beta)
 

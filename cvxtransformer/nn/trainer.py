@@ -1,4 +1,4 @@
-"""One training loop for every network: :func:`fit`, and :func:`train` for the networks of SPEC.md.
+"""One training loop for every network: :func:`fit`, and :func:`train` for the networks of docs/conventions.md.
 
 :func:`fit` owns what every run shares: mini-batches (a fresh permutation per epoch, seeded),
 optimisation time (evaluations are not timed), periodic evaluation, a time limit, divergence
@@ -6,7 +6,7 @@ detection (a non-finite objective stops the run), torch threads and a progress b
 :func:`train` (the comparison with the convex optimum) and the experiments' runner
 (:mod:`cvxtransformer.experiments.runner`) are built on it.
 
-:func:`train` minimises a network's weight-decay objective of SPEC.md,
+:func:`train` minimises a network's weight-decay objective of docs/conventions.md,
 ``sum_i L(yhat_i, y_i) + penalty``, full-batch or with mini-batches (the batch loss is scaled by
 ``N / B`` so that the stochastic gradient is unbiased for the summed objective), and projects
 the attention rows back onto the simplex after every step (projected gradient; a no-op for the

@@ -1,4 +1,4 @@
-"""Float64 certificate checks for the torch backend (SPEC.md, Certificates), celer-style.
+"""Float64 certificate checks for the torch backend (docs/conventions.md, Certificates), celer-style.
 
 At every check the whole problem is evaluated in float64 at ``x`` with the verifier's own
 function (:func:`cvxtransformer.core.certificate.scaled_residual`): ``P(x)``, the dual point

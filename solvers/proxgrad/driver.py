@@ -4,7 +4,7 @@ CPU or CUDA, float64 or float32.
 Celer-style outer loop around FISTA (:mod:`.fista`):
 
 1. certify the current point in float64 on the whole problem (:mod:`.certifier`, the verifier's
-   own function) and stop as soon as the relative gap of SPEC.md is <= ``tol``;
+   own function) and stop as soon as the relative gap of docs/conventions.md is <= ``tol``;
 2. screen: blocks that the gap-safe test proves zero (groups; for the nuclear norm, a proved
    rank bound);
 3. pick a working set (:mod:`.working_sets`): for the group lasso, the support and the worst KKT
