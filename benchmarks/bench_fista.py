@@ -1,8 +1,8 @@
 """Time to a certified relative gap of 1e-6: the torch backend against its peers (issue 3).
 
-One run, the same instances for every solver: ``solvers.fista`` (ours), skglm's GroupBCD,
+One run, the same instances for every solver: ``solvers.proxgrad.ProxGrad`` (ours), skglm's GroupBCD,
 celer's GroupLasso (squared loss), CVXPY+Clarabel and CVXPY+SCS. Every solution is certified by
-our verifier (SPEC.md, relative gap <= 1e-6); peers with their own tolerance are swept (see
+our verifier (docs/conventions.md, relative gap <= 1e-6); peers with their own tolerance are swept (see
 ``benchmarks/fista_peers.py``). Also: a warm-started beta path with gap-safe screening, and the
 per-iteration cost of the data path against the two products it must do.
 Writes ``docs/benchmark_fista.md`` and ``docs/fista_time_to_gap.png``.
@@ -12,8 +12,6 @@ Writes ``docs/benchmark_fista.md`` and ``docs/fista_time_to_gap.png``.
 """
 import argparse
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -23,10 +21,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cvxtransformer as ct  # noqa: E402
 import fista_peers as peers  # noqa: E402
+from common import DOCS, load, machine, write_doc  # noqa: E402
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+import cvxtransformer as ct  # noqa: E402
+from cvxtransformer.core.io import save_figure  # noqa: E402
 
 
 @dataclass
@@ -63,7 +62,7 @@ def make(inst, seed=0):
     S = np.einsum("ikd,lkd->il", X, W) + 0.5 * rng.standard_normal((inst.N, 3))
     y = {"squared": S[:, 0], "logistic": np.where(S[:, 0] >= 0, 1.0, -1.0),
          "cross_entropy": np.argmax(np.c_[S, np.zeros(inst.N)][:, :inst.classes], axis=1)}[inst.loss]
-    problem = ct.make_problem(X, y, program=inst.program, loss=inst.loss, beta=1.0, heads=inst.heads,
+    problem = ct.make_problem(X, y, program=inst.program, loss=inst.loss, beta=1.0, gates=inst.heads,
                               n_classes=inst.classes if inst.loss == "cross_entropy" else None)
     return problem.with_beta(inst.frac * problem.beta_max())
 
@@ -143,12 +142,12 @@ def bench_path(inst, n_betas):
                 sub = problem.with_beta(beta)
                 if beta >= problem.beta_max():
                     w = np.zeros(D.shape[1])
-                    gaps.append(peers.gap_of(sub, w.reshape(sub.program.canonical_shape)))
+                    gaps.append(peers.gap_of(sub, w))
                     continue
                 t = time.perf_counter()
                 w = _fit_warm(name, sub, D, tol, w)
                 total += time.perf_counter() - t
-                gaps.append(peers.gap_of(sub, w.reshape(sub.program.canonical_shape)))
+                gaps.append(peers.gap_of(sub, w))
             results[name] = (total, gaps, tol)
             if max(gaps) <= peers.TARGET:
                 break
@@ -182,25 +181,21 @@ def _fit_warm(name, problem, D, tol, w0):
 def bench_iteration(inst, dtype, iters=60):
     """Seconds per proximal-gradient iteration on the data path (whole problem, gap checks
     every 10 iterations included) against one forward and one adjoint product of the same op."""
-    from solvers.apg import Budget, apg
-    from solvers.smooth import DataSmooth
-    from solvers.torch_losses import torch_loss
-    from solvers.torch_ops import make_data_op, to_storage
+    from solvers.proxgrad.fista import Budget, fista
+    from solvers.proxgrad.smooth import DataSmooth
 
     problem = make(inst)
     p = problem.program
     dt = {"float64": torch.float64, "float32": torch.float32}[dtype]
-    cpu = torch.device("cpu")
-    mask = None if p.mask is None else torch.from_numpy(p.mask).to(dt)
-    op = make_data_op(to_storage(p.X, cpu, dt), mask, p.c, range(p.h), range(p.n), cpu, dt)
+    op = p.operator("cpu", dt)
     T = torch.from_numpy(problem.T).to(dt)
-    sm = DataSmooth(op, torch_loss(problem.loss), T)
+    sm = DataSmooth(op, problem.loss, T)
     x = torch.zeros(op.shape, dtype=dt)
     L = sm.lipschitz_guess(sm.grad(x, sm.image(x))[0])
-    apg(sm, x, problem.beta, L, 0.0, Budget(5, None))  # warm caches
+    fista(sm, x, problem.regularizer, L, 0.0, Budget(5, None))  # warm caches
     budget = Budget(iters, None)
     t = time.perf_counter()
-    apg(sm, x, problem.beta, L, 0.0, budget, check_every=10)
+    fista(sm, x, problem.regularizer, L, 0.0, budget, check_every=10)
     per_iter = (time.perf_counter() - t) / budget.iterations
     Z = torch.randn(op.shape, dtype=dt) * 0.01
     V = torch.randn(p.N, p.c, dtype=dt)
@@ -219,47 +214,20 @@ def bench_float32(quick):
     cases = [Instance(8, "squared", 5000 if quick else 100_000, 16, 32, 0.8),
              Instance(12, "squared", 5000 if quick else 100_000, 8, 16, 0.0, heads=16),
              Instance(8, "logistic", 5000 if quick else 100_000, 16, 32, 0.8)]
-    from solvers.fista import solve_fista
+    from solvers.proxgrad import ProxGrad
 
     out = []
     for inst in cases:
         problem = make(inst)
         for tol in (1e-4, 1e-6):
             t = time.perf_counter()
-            res = solve_fista(problem, tol=tol, dtype="float32", time_limit=120)
+            res = ProxGrad().solve(problem, tol=tol, dtype="float32", time_limit=120)
             sec = time.perf_counter() - t
-            out.append((inst, tol, peers.gap_of(problem, res.Z4, res.V), sec, res.status))
+            out.append((inst, tol, peers.gap_of(problem, res.Z, res.V), sec, res.status))
     return out
 
 
 # --- report ----------------------------------------------------------------------------------
-
-def machine():
-    def sh(cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, shell=True).stdout.strip()
-        except OSError:
-            return "?"
-    model = sh("lscpu | grep 'Model name' | head -1 | cut -d: -f2").strip() or platform.processor()
-    mem = sh("free -g | awk '/Mem:/ {print $2}'")
-    import skglm
-    try:
-        import celer
-        celer_v = celer.__version__
-    except ImportError:
-        celer_v = "not installed"
-    import cvxpy as cp
-    return (f"{model}, {sh('nproc')} cores (`nproc`), {mem} GiB RAM, Linux {platform.release()}; Python "
-            f"{platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-            f"numpy {np.__version__}, CVXPY {cp.__version__}, skglm {skglm.__version__}, celer {celer_v}")
-
-
-def load():
-    try:
-        return open("/proc/loadavg").read().split()[0]
-    except OSError:
-        return "?"
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -289,7 +257,7 @@ def main():
     f32 = bench_float32(args.quick)
     total = time.perf_counter() - t_all
     lines = write_report(args, rows, path_inst, path, iters, f32, started, load0, load(), total)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    write_doc(args.out, lines)
     plot(rows, Path(args.figure))
     print(f"wrote {args.out} and {args.figure} in {total / 60:.1f} min")
 
@@ -297,17 +265,18 @@ def main():
 def write_report(args, rows, path_inst, path, iters, f32, started, load0, load1, total):
     cmd = "python benchmarks/bench_fista.py" + (" --quick" if args.quick else "")
     L = ["# Torch proximal-gradient backend (`--solver fista`): time to a certified gap", "",
-         "Time to a relative duality gap <= 1e-6 **certified by our verifier** (SPEC.md: the gap of the "
-         "returned Z against the scaled residual dual point, or a better dual point the solver returns), "
+         "Time to a relative duality gap <= 1e-6 **certified by our verifier** (`ct.certify`: the gap of the "
+         "returned Z against the best of the scaled residual dual point, a dual point the solver returns, and "
+         "the verifier's refined dual point, whose time is not counted), "
          "for every solver, on the same instances, in one run. Ratios are peer time / fista time "
          "(> 1: fista is faster); `n.c.` means the peer never reached a certified 1e-6 (its best certified "
          "gap and longest run are shown; the ratio is then a lower bound).", "",
-         f"- Machine: {machine()}.",
+         f"- Machine: {machine(packages=('skglm', 'celer'))}.",
          f"- Run: {started}, {total / 60:.1f} min in all; load average {load0} at the start and {load1} at the "
          "end (the machine is shared with other sessions, so timings can be noisy; runs under 2 s are the "
          "best of 3).",
          f"- Command: `{cmd}`",
-         "- Timed: fista = `solvers.fista.solve_fista` end to end (numpy -> torch, Gram matrices, every "
+         "- Timed: fista = `solvers.proxgrad.ProxGrad.solve` end to end (numpy -> torch, Gram matrices, every "
          "certificate check), float64, CPU, **one thread** (torch.set_num_threads(1): skglm, celer, "
          "Clarabel and SCS are single-threaded too, and a second thread only stalls on a shared machine); "
          "skglm = `GroupBCD.solve` on the Fortran-ordered design "
@@ -416,7 +385,7 @@ def _path_section(inst, path):
          "|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         s = p.summary()
-        L.append(f"| {p.beta / bm:.3g} | {s['relative_gap']:.1e} | {s['screened']} / {s['n_groups']} | "
+        L.append(f"| {p.beta / bm:.3g} | {s['relative_gap']:.1e} | {s['screened']} / {s['n_blocks']} | "
                  f"{s['support']} | {s['iterations']} | {s['seconds']:.3g} |")
     L += ["", f"Whole path: fista {fista_total:.3g} s."]
     for name, (t, gaps, tol) in peer.items():
@@ -450,11 +419,10 @@ def plot(rows, path):
         ax.set_xlabel("seconds")
         ax.set_ylabel("certified relative gap")
         ax.legend(fontsize=7)
-    fig.suptitle("Time to a certified relative gap (verifier of SPEC.md); dotted: 1e-6", fontsize=9)
+    fig.suptitle("Time to a certified relative gap (the verifier of ct.certify); dotted: 1e-6", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

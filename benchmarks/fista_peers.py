@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cvxtransformer.certificate import certify_canonical
+import cvxtransformer as ct
 
 TARGET = 1e-6
 
@@ -39,36 +39,36 @@ def timed(f, repeats):
     return best, out
 
 
-def gap_of(problem, Z4, V=None):
-    return certify_canonical(problem, Z4, V, tol=TARGET).relative_gap
+def gap_of(problem, Z, V=None):
+    """The verifier's certified relative gap of Z (the program's shape) with the candidate V, as
+    ``ct.certify`` reports it for any solution (refined dual point included: its time is not counted)."""
+    return ct.certify(problem, np.asarray(Z).reshape(problem.program.shape), V, tol=TARGET).relative_gap
 
 
 def run_fista(problem, repeats=3, **options):
     """fista on one CPU thread, like every peer (skglm, celer, Clarabel, SCS are single-threaded)."""
-    from solvers.fista import solve_fista
+    from solvers.proxgrad import ProxGrad
 
     options.setdefault("threads", 1)
-    seconds, out = timed(lambda: solve_fista(problem, tol=TARGET, **options), repeats)
-    gap = gap_of(problem, out.Z4, out.V)
+    seconds, out = timed(lambda: ProxGrad().solve(problem, tol=TARGET, **options), repeats)
+    gap = gap_of(problem, out.Z, out.V)
     run = Run(seconds if gap <= TARGET else None, gap, note=out.status)
-    scale = seconds / max(out.history[-1]["seconds"], 1e-12)  # best run vs the recorded one
-    run.points = [(h["seconds"] * scale, h["relative_gap"]) for h in out.history if h["kind"] == "certified"]
+    scale = seconds / max(out.history[-1].seconds, 1e-12)  # best run vs the recorded one
+    run.points = [(h.seconds * scale, h.relative_gap) for h in out.history if h.kind == "certified"]
     run.history, run.iterations = out.history, out.iterations
     return run
 
 
 def run_cvxpy(problem, solver, time_cap=None, repeats=1):
-    from solvers.cvxpy_backend import solve_clarabel, solve_scs
+    from solvers import get_solver
 
-    options = {}
-    if time_cap is not None:
-        options = {"time_limit": time_cap} if solver == "clarabel" else {"time_limit_secs": time_cap}
-    backend = solve_clarabel if solver == "clarabel" else solve_scs
+    options = {} if time_cap is None else {"time_limit": time_cap}
+    backend = get_solver(solver)
     try:
-        seconds, out = timed(lambda: backend(problem, tol=TARGET, **options), repeats)
+        seconds, out = timed(lambda: backend.solve(problem, tol=TARGET, **options), repeats)
     except Exception as exc:  # a failing peer is reported, not fatal
         return Run(note=f"failed: {type(exc).__name__}")
-    gap = gap_of(problem, out.Z4, out.V)
+    gap = gap_of(problem, out.Z, out.V)
     return Run(seconds if gap <= TARGET else None, gap, [(seconds, gap)], note=str(out.status))
 
 
@@ -77,7 +77,7 @@ def _sweep(fit, problem, tols, repeats, time_cap):
     run = Run()
     for tol in tols:
         seconds, w = timed(lambda: fit(tol), repeats)
-        gap = gap_of(problem, w.reshape(problem.program.canonical_shape))
+        gap = gap_of(problem, w)
         run.points.append((seconds, gap))
         run.gap = gap if run.gap is None else min(run.gap, gap)
         if gap <= TARGET:
