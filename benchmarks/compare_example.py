@@ -23,6 +23,7 @@ import tempfile
 import numpy as np
 
 from cvxtransformer.cli import main
+from cvxtransformer.core.io import write_json
 from cvxtransformer.datasets import student_teacher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,8 +46,7 @@ def strip_work_folder(path):
     with open(path) as f:
         summary = json.load(f)
     summary.pop("out_dir", None)
-    with open(path, "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(path, summary)
 
 
 def run(argv=None):

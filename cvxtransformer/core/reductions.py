@@ -73,23 +73,29 @@ class MHSAHeads:
         return self.W1.shape[0]
 
 
-class Proposition1:
-    """Proposition 1 of Ergen et al.: networks (6)/(9) and (11) <-> programs (8)/(10) and (12)."""
+class Reduction:
+    """A convexification and its inverse: ``apply`` (network and data -> convex problem), ``invert``
+    (Z -> the network's weights), ``objective`` (the network's objective at weights, in numpy).
+    ``networks`` maps each network this reduction covers to its convex program."""
 
-    forms = ("balanced", "lemma1")
-    networks = {"alternative": "(6)/(9)", "gated": "(11)"}
+    forms = ("balanced",)
+    networks = {}
 
-    @staticmethod
-    def apply(network, X, y, loss="squared", beta=1.0, **options):
-        """The convex program of ``network`` ("alternative" or "gated") on data (X, y): program (10)
-        (or (8) with ``scalar=True``) for the alternative network, (12) for the gated one."""
+    @classmethod
+    def apply(cls, network, X, y, loss="squared", beta=1.0, **options):
+        """The convex program of ``network`` on data (X, y), built by :func:`make_problem`."""
         from .problem import make_problem
 
-        if network not in Proposition1.networks:
-            raise invalid("network", f"one of {sorted(Proposition1.networks)}", repr(network))
-        scalar = options.pop("scalar", False)
-        program = 12 if network == "gated" else (8 if scalar else 10)
-        return make_problem(X, y, program=program, loss=loss, beta=beta, **options)
+        if network not in cls.networks:
+            raise invalid("network", f"one of {sorted(cls.networks)}", repr(network))
+        return make_problem(X, y, program=cls.networks[network], loss=loss, beta=beta, **options)
+
+
+class Proposition1(Reduction):
+    """Proposition 1 of Ergen et al.: networks (6)/(9) and (11) <-> programs (10) (or (8)) and (12)."""
+
+    forms = ("balanced", "lemma1")
+    networks = {"alternative": 10, "alternative_scalar": 8, "gated": 12}
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
@@ -127,20 +133,10 @@ class Proposition1:
         return problem.loss.value(Yhat, problem.T) + penalty
 
 
-class LinearMHSAReduction:
+class LinearMHSAReduction(Reduction):
     """Sahiner et al.'s theorem: the linear MHSA network (5) <-> program (6)."""
 
-    forms = ("balanced",)
-    networks = {"linear_mhsa": "(5)"}
-
-    @staticmethod
-    def apply(network, X, y, loss="squared", beta=1.0, **options):
-        """Program (6) of the linear MHSA network (5) on data (X, y)."""
-        from .problem import make_problem
-
-        if network not in LinearMHSAReduction.networks:
-            raise invalid("network", "'linear_mhsa'", repr(network))
-        return make_problem(X, y, program="mhsa", loss=loss, beta=beta, **options)
+    networks = {"linear_mhsa": "mhsa"}
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
@@ -180,6 +176,9 @@ def reduction_for(program):
 def recover_weights(problem, Z, form="balanced"):
     """The nonconvex network's weights behind coefficients Z of ``problem`` (the program's shape):
     Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6)."""
+    if not hasattr(problem, "reduction"):
+        raise invalid("problem", "a ConvexProblem from make_problem", type(problem).__name__,
+                      "call recover_weights(problem, Z)")
     return problem.reduction.invert(problem, problem.program.check_Z(Z), form)
 
 
