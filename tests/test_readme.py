@@ -18,7 +18,8 @@ def test_python_snippets_run(capsys):
 
 def test_documented_commands_exist():
     text = README.read_text()
-    commands = set(re.findall(r"^cvxtransformer ([a-z-]+)", text, re.M)) - {"grok"}
+    code = "\n".join(re.findall(r"```(?:bash)?\n(.*?)```", text, re.S))
+    commands = set(re.findall(r"^cvxtransformer ([a-z-]+)", code, re.M)) - {"grok"}
     listing = subprocess.run([sys.executable, "-m", "cvxtransformer", "--help"], capture_output=True, text=True).stdout
     for name in commands | {"grok", "grok-suite", "kernel", "spectral", "energy"}:
         assert re.search(rf"^\s+{re.escape(name)}\s", listing, re.M), name
