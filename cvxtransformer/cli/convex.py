@@ -50,8 +50,13 @@ def _refine_arguments(p):
 
 
 # ----------------------------------------------------------------------------- solve
+DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally U1 (h, n) and U2 (h, d); or a folder with X.npy, "
+             "y.npy (optionally U1.npy, U2.npy), memory-mapped: X is read in chunks, never whole")
+
+
 def configure_solve(p):
-    p.add_argument("data", metavar="DATA.npz", help="X (N, n, d) and y; optionally U1 (h, n), U2 (h, d)")
+    p.add_argument("data", metavar="DATA", nargs="+",
+                   help=DATA_HELP + "; or several such folders (shards: rows concatenated in the order given)")
     add_problem_arguments(p)
     p.add_argument("--form", choices=("primal", "dual"), default="primal",
                    help="primal: the program; dual: its dual, Z read from the multipliers (clarabel, scs)")
@@ -66,22 +71,32 @@ def configure_solve(p):
     t.add_argument("--device", default=None, help="cpu or cuda (default cpu)")
     t.add_argument("--dtype", choices=("float64", "float32"), default=None, help="working precision (default float64)")
     t.add_argument("--progress", action="store_true", default=None, help="show gap and objective as the solve goes")
+    t.add_argument("--distributed", action="store_true",
+                   help="data-parallel solve over torch.distributed: launch with torchrun --nproc-per-node K -m "
+                        "cvxtransformer solve DATA ... --distributed; every process reads its rows of DATA, rank 0 "
+                        "prints and writes --out (see docs/scaling.md)")
+    t.add_argument("--dist-timeout", type=positive_float, default=600.0, metavar="S",
+                   help="with --distributed: seconds a process waits for the others before it stops with an error")
 
 
 def run_solve(args):
+    from ..core.data import open_data
     from ..core.errors import InvalidInputError
-    from ..core.io import check_output_file, load_npz
+    from ..core.io import check_output_file
     from ..solving import solve
 
-    if args.out:
+    if args.out and not args.distributed:
         check_output_file(args.out, "--out")
     options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("progress", args.progress))
                if v is not None}
     if options and args.solver != "fista":
         raise InvalidInputError(f"--{next(iter(options))}: only for --solver fista, got --solver {args.solver}")
     options.update({k: v for k, v in (("max_iter", args.max_iter), ("time_limit", args.time_limit)) if v is not None})
-    data = load_npz(args.data, "DATA", ("X", "y"))
-    problem = make_problem_from(args, data["X"], data["y"], data.get("U1"), data.get("U2"))
+    if args.distributed:
+        return _run_distributed(args, options)
+    data = open_data(args.data)
+    X, y = data.rows()
+    problem = make_problem_from(args, X, y, data.U1, data.U2)
     refine = False if args.no_refine else "auto"
     result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose, refine=refine,
                    refine_time=args.refine_time, **options)
@@ -91,9 +106,55 @@ def run_solve(args):
     return 0 if result.certified else 1
 
 
+def _run_distributed(args, options):
+    """``solve --distributed`` on this process (one of torchrun's): checks on every process before
+    any work, this process's rows of DATA, the solve, V gathered on rank 0, which prints and writes."""
+    import argparse
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from solvers import distributed
+
+    from ..core.data import open_data
+    from ..core.errors import InvalidInputError
+    from ..core.io import check_output_file
+    from ..solving import solve
+
+    if args.solver != "fista" or args.form != "primal":
+        raise InvalidInputError(f"--distributed: only for --solver fista (primal form), got --solver {args.solver} "
+                                f"--form {args.form}")
+    options["device"] = distributed.init(options.get("device", "cpu"), args.dist_timeout)
+    try:
+        rank = dist.get_rank()
+        distributed.agree(lambda: rank == 0 and args.out and check_output_file(args.out, "--out"))
+        data = distributed.agree(open_data, args.data)
+        local = argparse.Namespace(**dict(vars(args), beta_frac=None))  # beta_max is known once sharded
+
+        def build(X, y, U1, U2, max_label):
+            if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
+                local.classes = max_label + 1  # the classes of every shard
+            return make_problem_from(local, X, y, U1, U2)
+
+        problem = distributed.shard_data(data, build)
+        if args.beta_frac is not None:
+            problem = problem.with_beta(args.beta_frac * problem.beta_max())
+        result = solve(problem, solver="fista", tol=args.tol, verbose=args.verbose,
+                       refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
+        V = problem.program.shards.gather_rows(result.V)
+        if rank == 0:
+            result = dataclasses.replace(result, V=V)
+            if args.out:
+                result.save(args.out)
+            _print(args, result.summary())
+        return 0 if result.certified else 1
+    finally:
+        distributed.finish()
+
+
 # ----------------------------------------------------------------------------- verify
 def configure_verify(p):
-    p.add_argument("data", metavar="DATA.npz", help="X (N, n, d) and y, as for solve")
+    p.add_argument("data", metavar="DATA", help=DATA_HELP + ", as for solve")
     p.add_argument("result", metavar="RESULT.npz",
                    help="Z in the program's shape; optionally V (a dual point), beta, U1 and U2")
     add_problem_arguments(p)
@@ -105,16 +166,17 @@ def run_verify(args):
 
     import numpy as np
 
+    from ..core.data import open_data
     from ..core.errors import InvalidInputError
     from ..core.io import load_npz
     from ..verify import certify
 
-    data = load_npz(args.data, "DATA", ("X", "y"))
+    data = open_data(args.data)
     res = load_npz(args.result, "RESULT", ("Z",))
     if ("U1" in res) != ("U2" in res):
         raise InvalidInputError("RESULT: it holds only one of U1, U2; save both or neither")
-    problem = make_problem_from(args, data["X"], data["y"], res.get("U1", data.get("U1")),
-                                res.get("U2", data.get("U2")))
+    X, y = data.rows()
+    problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2))
     if res["Z"].shape != problem.program.shape:
         raise InvalidInputError(f"RESULT: Z has shape {res['Z'].shape}, {problem.program.label} on this data needs "
                                 f"{problem.program.shape}; check --program, --gates and DATA")

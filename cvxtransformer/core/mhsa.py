@@ -48,12 +48,14 @@ def _kl_to_blocks(S, d, c):
 class MHSAOperator:
     """The map ``Z -> Yhat`` of program (6) in torch, by chunks of samples.
 
-    ``X`` (N, n, d) in the op's dtype on its storage device; ``pooled``: mean-pooled output;
-    ``c``: outputs per token. Coefficients are (d^2, dc) tensors; outputs (N, n*c) or (N, c).
+    ``X`` (N, n, d) in the op's dtype on its storage device (or streamed, :mod:`.data`); ``pooled``:
+    mean-pooled output; ``c``: outputs per token; ``shards``: None, or the data shards of a
+    distributed solve (``adjoint`` and the norms are then summed over them). Coefficients are
+    (d^2, dc) tensors; outputs (N, n*c) or (N, c).
     """
 
-    def __init__(self, X, pooled, c, device, chunk=None):
-        self.X, self.pooled, self.c, self.device = X, pooled, c, device
+    def __init__(self, X, pooled, c, device, chunk=None, shards=None):
+        self.X, self.pooled, self.c, self.device, self.shards = X, pooled, c, device, shards
         self.N, self.n, self.d = X.shape
         self.dtype = X.dtype
         d = self.d
@@ -64,6 +66,16 @@ class MHSAOperator:
             chunk = max(256, int(CHUNK_BYTES // row))
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
+
+    @property
+    def N_total(self):
+        """Samples of the whole problem (all shards)."""
+        return self.N if self.shards is None else self.shards.total
+
+    @property
+    def streams(self):
+        """Whether every product reads the data from outside the device (a memory map, or host memory)."""
+        return not isinstance(self.X, torch.Tensor) or self.X.device != self.device
 
     def _data(self, s, e):
         """(X rows on the device, G_i flattened (rows, d^2), the readout rows P X_i)."""
@@ -90,7 +102,27 @@ class MHSAOperator:
             G, R = self._data(s, e)
             RV = R.transpose(1, 2) @ V[s:e].reshape(e - s, rows_out, c)  # (rows, d, c)
             S.addmm_(G.T, RV.reshape(e - s, d * c))
+        if self.shards is not None:
+            self.shards.sum_(S)
         return _kl_to_blocks(S, d, c)
+
+    def forward_adjoint(self, Z, dual):
+        """``Yhat = A Z``, ``V = dual(Yhat[s:e], s, e)`` and ``A^T V`` in one pass over the data."""
+        d, c = self.d, self.c
+        Zkl = _blocks_to_kl(Z, d, c)
+        out = torch.empty(self.N, self.n_outputs, dtype=self.dtype, device=self.device)
+        V = torch.empty_like(out)
+        S = torch.zeros(d * d, d * c, dtype=self.dtype, device=self.device)
+        rows_out = 1 if self.pooled else self.n
+        for s, e in self.bounds:
+            G, R = self._data(s, e)
+            out[s:e] = (R @ (G @ Zkl).view(e - s, d, c)).reshape(e - s, -1)
+            V[s:e] = dual(out[s:e], s, e)
+            RV = R.transpose(1, 2) @ V[s:e].reshape(e - s, rows_out, c)
+            S.addmm_(G.T, RV.reshape(e - s, d * c))
+        if self.shards is not None:
+            self.shards.sum_(S)
+        return out, V, _kl_to_blocks(S, d, c)
 
     def operator_norm_bound(self):
         """An upper bound on ``||A||_2``, float: the smaller of the Frobenius norm of the design and
@@ -103,8 +135,12 @@ class MHSAOperator:
             frob += float(torch.sum(torch.sum(G * G, dim=1) * torch.diagonal(C, dim1=1, dim2=2).sum(dim=1)))
             top = max(top, float(torch.linalg.eigvalsh(C)[:, -1].max()))
             GG += G.T @ G
+        if self.shards is not None:
+            frob = float(self.shards.sum_(torch.tensor([frob], dtype=F64)))
+            top = float(self.shards.max_(torch.tensor([top], dtype=F64)))
+            self.shards.sum_(GG)
         lam = float(torch.linalg.eigvalsh(GG)[-1])
-        return min(frob, top * lam) ** 0.5 if self.N else 0.0  # ||A|| = ||Phi|| (c outputs share Phi)
+        return min(frob, top * lam) ** 0.5 if self.N_total else 0.0  # ||A|| = ||Phi|| (c outputs share Phi)
 
     def operator_norm(self):
         """``||A||_2``: exact (eigenvalue of the d^3 x d^3 Gram matrix) when d^3 <= 1000, else
@@ -118,6 +154,8 @@ class MHSAOperator:
             Phi = (R.to(F64)[:, :, :, None, None] * G.to(F64).view(e - s, 1, 1, d, d)).permute(0, 1, 3, 2, 4)
             Phi = Phi.reshape(-1, d ** 3)  # rows (i, t), columns (k, a, l)
             H += Phi.T @ Phi
+        if self.shards is not None:
+            self.shards.sum_(H)
         return float(torch.linalg.eigvalsh(H)[-1]) ** 0.5
 
 
@@ -153,7 +191,7 @@ class LinearMHSAProgram(Program):
         return LinearMHSAProgram(np.asarray(X, dtype=float), self.c, self.pooled)
 
     def _make_operator(self, Xs, device, chunk):
-        return MHSAOperator(Xs, self.pooled, self.c, device, chunk)
+        return MHSAOperator(Xs, self.pooled, self.c, device, chunk, self.shards)
 
     def block_norms(self):
         """``||A||_2`` (an upper bound when d^3 > 1000), cached: what the rank screening needs."""

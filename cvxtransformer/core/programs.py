@@ -9,6 +9,14 @@ shape, used by every function that takes or returns Z: ``(n, d)`` for (8), ``(c,
 :class:`AttentionOperator` is the torch face of the map: chunks of samples, any device and
 dtype, restricted to gates J and tokens K when a solver works on a subproblem. The numpy face
 of :class:`AttentionProgram` (``forward``, ``adjoint``) runs the same operator on CPU float64.
+When every token of X is a one-hot vector (token ids embedded as ``e_v``, as in the algorithmic
+tasks) the program uses :class:`TokenOperator` instead: the same map by token lookups, about d
+times fewer multiply-adds (the same numbers to rounding).
+
+Data-parallel solves: a program whose ``shards`` is set (see :mod:`solvers.distributed`) holds one
+process's samples; its operators sum ``A^T V``, Gram matrices and block norms over the shards
+(``shards.sum_``/``shards.max_``, in place), so every process gets the whole problem's numbers.
+Memory-mapped data is streamed in chunks (:mod:`.data`).
 
 Example
 -------
@@ -21,7 +29,8 @@ Example
 import numpy as np
 import torch
 
-from .arrays import F64, device_budget, numpy_face, resolve_device, resolve_dtype, to_storage, to_tensor
+from .arrays import F64, device_budget, numpy_face, resolve_device, resolve_dtype, to_tensor
+from .data import StreamedRows, file_backed, storage
 from .errors import invalid
 from .regularizers import GroupLasso
 
@@ -54,18 +63,21 @@ class AttentionOperator:
     Parameters
     ----------
     X : tensor of shape (N, n, d), every token, in the op's dtype; on ``device`` or, when it does
-        not fit there, on the CPU (chunks of samples are then streamed)
+        not fit there, on the CPU (chunks of samples are then streamed); or a
+        :class:`~.data.StreamedRows` (a memory map read chunk by chunk)
     K : tensor of token indices, or None for every token (no copy is ever made); the tokens K of
         a chunk of samples are gathered when the chunk is used
     mask : tensor of shape (N, |J|) on ``device``, the gate columns J; None for (8)/(10)
     c : outputs
     chunk : samples per chunk (None: chosen so a chunk's temporaries stay a few MB)
+    shards : None (all samples are here), or the data shards of a distributed solve: ``adjoint``,
+        ``gram`` and the block norms are then summed over them
 
     Coefficients are tensors of shape ``(|J|, c, |K|, d)`` (:attr:`shape`).
     """
 
-    def __init__(self, X, K, mask, c, device, chunk=None):
-        self.X, self.K, self.mask, self.c, self.device = X, K, mask, c, device
+    def __init__(self, X, K, mask, c, device, chunk=None, shards=None):
+        self.X, self.K, self.mask, self.c, self.device, self.shards = X, K, mask, c, device, shards
         self.N, n, self.d = X.shape
         self.nK = n if K is None else len(K)
         self.F = self.nK * self.d
@@ -73,7 +85,7 @@ class AttentionOperator:
         self.dtype = X.dtype
         self.chunk_arg = chunk
         if chunk is None:
-            copied = K is not None or X.device != device
+            copied = K is not None or X.device != device or isinstance(X, StreamedRows)
             row = X.element_size() * (self.F * copied + 2 * self.hJ * c + 1)
             chunk = max(256, int(CHUNK_BYTES // row))
         self.chunk = max(1, min(int(chunk), self.N))
@@ -83,6 +95,16 @@ class AttentionOperator:
     @property
     def shape(self):
         return (self.hJ, self.c, self.nK, self.d)
+
+    @property
+    def N_total(self):
+        """Samples of the whole problem (all shards)."""
+        return self.N if self.shards is None else self.shards.total
+
+    @property
+    def streams(self):
+        """Whether every product reads the data from outside the device (a memory map, or host memory)."""
+        return isinstance(self.X, StreamedRows) or self.X.device != self.device
 
     def _buffer(self, name, shape, device):
         """A reused scratch tensor: fresh large allocations cost page faults at every chunk."""
@@ -98,19 +120,24 @@ class AttentionOperator:
         M = self.mask
         if M is not None and len(J) != M.shape[1]:
             M = M.index_select(1, torch.as_tensor(J, device=M.device))
-        X = self.X if dtype is None else self.X.to(dtype)
+        X = self.X
+        if dtype is not None:
+            X = StreamedRows(X.source, X.device, dtype) if isinstance(X, StreamedRows) else X.to(dtype)
         M = M if M is None or dtype is None else M.to(dtype)
-        return AttentionOperator(X, Kt, M, self.c, self.device, self.chunk_arg if chunk is None else chunk)
+        return AttentionOperator(X, Kt, M, self.c, self.device, self.chunk_arg if chunk is None else chunk,
+                                 self.shards)
 
     def materialize(self):
-        """The same op with its tokens K copied once into a contiguous tensor (many products ahead)."""
-        if self.K is None:
+        """The same op with its tokens K copied once into a contiguous tensor (many products ahead);
+        streamed data is never copied whole."""
+        if self.K is None or isinstance(self.X, StreamedRows):
             return self
-        return AttentionOperator(self.X.index_select(1, self.K), None, self.mask, self.c, self.device, None)
+        return AttentionOperator(self.X.index_select(1, self.K), None, self.mask, self.c, self.device, None,
+                                 self.shards)
 
     def rows(self, s, e):
         """Rows s:e of the data, (rows, |K|*d), on the device."""
-        Xc = self.X if (s, e) == (0, self.N) else self.X[s:e]
+        Xc = self.X if (s, e) == (0, self.N) and isinstance(self.X, torch.Tensor) else self.X[s:e]
         if self.K is not None:
             out = self._buffer("x", (e - s, self.nK, self.d), Xc.device)
             Xc = torch.index_select(Xc, 1, self.K, out=out)
@@ -140,8 +167,28 @@ class AttentionOperator:
             part = self._weights(V, s, e).T @ self.rows(s, e)
             G = part if G is None else G.add_(part)
         if G is None:
-            return torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        if self.shards is not None:
+            self.shards.sum_(G)
         return G.view(self.shape)
+
+    def forward_adjoint(self, Z, dual):
+        """``yhat = A Z`` (N, c), ``V = dual(yhat[s:e], s, e)`` and ``A^T V`` in one pass over the data
+        (each chunk is read once: for streamed data, a certificate costs one pass)."""
+        W = Z.reshape(self.hJ * self.c, self.F).T
+        out = torch.empty(self.N, self.c, dtype=self.dtype, device=self.device)
+        V, G = torch.empty_like(out), None
+        for s, e in self.bounds:
+            Xc = self.rows(s, e)
+            out[s:e] = gated_outputs(Xc @ W, None if self.mask is None else self.mask[s:e], self.hJ, self.c)
+            V[s:e] = dual(out[s:e], s, e)
+            part = self._weights(V, s, e).T @ Xc
+            G = part if G is None else G.add_(part)
+        if G is None:
+            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        if self.shards is not None:
+            self.shards.sum_(G)
+        return out, V, G.view(self.shape)
 
     def gram(self, T):
         """Gram matrix ``H = A_l^T A_l`` (F, F), shared by every output l, and ``B = A^T T`` (c, F).
@@ -165,6 +212,9 @@ class AttentionOperator:
                 for i in range(0, Fg, step):
                     H[i:i + step, i:].addmm_(D[:, i:i + step].T, D[:, i:])
                 B.addmm_(T[s0 + s:s0 + e].T, D)
+        if self.shards is not None:
+            self.shards.sum_(H)
+            self.shards.sum_(B)
         return torch.triu(H) + torch.triu(H, 1).T, B
 
     def block_norms(self):
@@ -176,6 +226,8 @@ class AttentionOperator:
             for j in range(self.hJ):  # one batched product per gate, never (J, K, rows, d)
                 Xm = Xc if self.mask is None else Xc * self.mask[s:e, j][None, :, None]
                 grams[j] += Xm.transpose(1, 2) @ Xc
+        if self.shards is not None:
+            self.shards.sum_(grams)
         lam = torch.linalg.eigvalsh(grams.to(F64))[..., -1]
         return torch.sqrt(torch.clamp(lam, min=0.0))
 
@@ -185,7 +237,110 @@ class AttentionOperator:
         for s, e in self.bounds:
             sq = torch.linalg.vector_norm(self.rows(s, e).view(e - s, self.nK, self.d), dim=-1).square_().to(F64)
             acc += sq.sum(dim=0)[None] if self.mask is None else self.mask[s:e].T.to(F64) @ sq
+        if self.shards is not None:
+            self.shards.sum_(acc)
         return torch.sqrt(acc)
+
+
+def one_hot_tokens(X):
+    """Token ids of shape (N, n) when every token of ``X`` (N, n, d) is a one-hot vector, else None."""
+    X = np.asarray(X)
+    if X.ndim != 3 or X.size == 0 or not np.all((X == 0) | (X == 1)) or not np.all(X.sum(axis=2) == 1):
+        return None
+    return X.argmax(axis=2)
+
+
+class TokenOperator:
+    """The map of :class:`AttentionOperator` for one-hot tokens, by lookups: ``<Z[j, l, k], x_ik>`` is
+    ``Z[j, l, k, t_ik]`` for the token id ``t_ik``.
+
+    For each token position k the samples are grouped by token id (``U`` groups padded to ``m`` rows);
+    the forward map is then one batched product ``(U, m, |J|) @ (U, |J|, c)`` per position and the
+    adjoint its transpose: ``n N |J| c`` multiply-adds instead of ``N n d |J| c``.
+
+    Parameters
+    ----------
+    tokens : int64 tensor (N, n) of token ids in [0, d)
+    d : token dimension
+    K : tensor of positions, or None for every position
+    mask : tensor (N, |J|) of the gate columns J, or None (programs (8)/(10))
+    c : outputs
+    shards : None, or the data shards of a distributed solve (as for :class:`AttentionOperator`)
+    """
+
+    def __init__(self, tokens, d, K, mask, c, device, dtype, shards=None):
+        self.tokens, self.d, self.K, self.mask, self.c, self.shards = tokens, d, K, mask, c, shards
+        self.device, self.dtype = device, dtype
+        self.N, n = tokens.shape
+        self.positions = list(range(n)) if K is None else [int(k) for k in K]
+        self.nK, self.hJ = len(self.positions), 1 if mask is None else mask.shape[1]
+        self.F = self.nK * d
+        M = torch.ones(self.N, 1, dtype=dtype, device=device) if mask is None else mask.to(dtype)
+        Mpad = torch.cat([M, torch.zeros(1, self.hJ, dtype=dtype, device=device)])
+        self.groups = []  # per position: token ids u (U,), rows (U, m) padded with N, masks (U, m, |J|)
+        for k in self.positions:
+            t = tokens[:, k]
+            u, inverse, counts = torch.unique(t, return_inverse=True, return_counts=True)
+            order = torch.argsort(inverse, stable=True)
+            start = torch.cumsum(counts, 0) - counts
+            rank = torch.arange(self.N, device=device) - start[inverse[order]]
+            rows = torch.full((len(u), int(counts.max())), self.N, dtype=torch.long, device=device)
+            rows[inverse[order], rank] = order
+            self.groups.append((u, rows, Mpad[rows]))
+
+    @property
+    def shape(self):
+        return (self.hJ, self.c, self.nK, self.d)
+
+    @property
+    def N_total(self):
+        return self.N if self.shards is None else self.shards.total
+
+    def restrict(self, J, K, dtype=None, chunk=None):
+        """The operator of gates J and positions K of this one (K: positions of the full sequence)."""
+        M = self.mask
+        if M is not None and len(J) != M.shape[1]:
+            M = M.index_select(1, torch.as_tensor(J, device=M.device))
+        K = None if len(K) == self.tokens.shape[1] else torch.as_tensor(K)
+        return TokenOperator(self.tokens, self.d, K, M, self.c, self.device, dtype or self.dtype, self.shards)
+
+    def materialize(self):
+        return self
+
+    def forward(self, Z):
+        """``yhat`` (N, c) from ``Z`` of shape (|J|, c, |K|, d)."""
+        Zt = Z.permute(2, 3, 0, 1).contiguous()                                   # (|K|, d, |J|, c)
+        out = torch.zeros(self.N + 1, self.c, dtype=Z.dtype, device=self.device)
+        for kk, (u, rows, Mg) in enumerate(self.groups):
+            out.index_add_(0, rows.reshape(-1), torch.bmm(Mg, Zt[kk].index_select(0, u)).reshape(-1, self.c))
+        return out[:self.N]
+
+    def adjoint(self, V):
+        """``A^T V`` of shape (|J|, c, |K|, d) from ``V`` of shape (N, c)."""
+        Vpad = torch.cat([V, torch.zeros(1, self.c, dtype=V.dtype, device=V.device)])
+        Gt = torch.zeros(self.nK, self.d, self.hJ, self.c, dtype=V.dtype, device=self.device)
+        for kk, (u, rows, Mg) in enumerate(self.groups):
+            Gt[kk].index_copy_(0, u, torch.bmm(Mg.transpose(1, 2), Vpad[rows]))
+        if self.shards is not None:
+            self.shards.sum_(Gt)
+        return Gt.permute(2, 3, 0, 1).contiguous()
+
+    def block_norms(self):
+        """``||A_g||`` per (gate j, position k), float64: ``sqrt(max_v #{i : M_ij = 1, t_ik = v})``
+        (the Gram matrix of a one-hot block is diagonal)."""
+        if self.shards is not None:  # counts per token id summed over the shards, then the largest
+            counts = torch.zeros(self.hJ, self.nK, self.d, dtype=F64, device=self.device)
+            for kk, (u, _, Mg) in enumerate(self.groups):
+                counts[:, kk, u] = Mg.to(F64).sum(dim=1).T
+            return torch.sqrt(self.shards.sum_(counts).amax(dim=2))
+        return torch.stack([torch.sqrt(Mg.to(F64).sum(dim=1).amax(dim=0)) for _, _, Mg in self.groups], dim=1)
+
+    def block_norm_bounds(self):
+        """``||A_g||_F = sqrt(sum_i M_ij)`` per (gate j, position k), float64."""
+        if self.shards is not None:
+            sums = torch.stack([Mg.to(F64).sum(dim=(0, 1)) for _, _, Mg in self.groups], dim=1)
+            return torch.sqrt(self.shards.sum_(sums))
+        return torch.stack([torch.sqrt(Mg.to(F64).sum(dim=(0, 1))) for _, _, Mg in self.groups], dim=1)
 
 
 class Program:
@@ -198,6 +353,7 @@ class Program:
 
     name = None
     regularizer_class = None
+    shards = None  # the data shards of a distributed solve (solvers.distributed); set before any operator
 
     def __init__(self, X):
         self.X = X
@@ -210,9 +366,9 @@ class Program:
         device, dtype = resolve_device(device), resolve_dtype(dtype)
         key = (str(device), dtype)
         if chunk is not None:
-            return self._make_operator(to_storage(self.X, device, dtype), device, chunk)
+            return self._make_operator(storage(self.X, device, dtype), device, chunk)
         if key not in self._ops:
-            self._ops[key] = self._make_operator(to_storage(self.X, device, dtype), device, None)
+            self._ops[key] = self._make_operator(storage(self.X, device, dtype), device, None)
         return self._ops[key]
 
     def _op_for(self, t):
@@ -282,6 +438,7 @@ class AttentionProgram(Program):
         self.U1, self.U2 = U1, U2
         self.mask = None if U1 is None else gate_mask(X, U1, U2)
         self.h = 1 if U1 is None else U1.shape[0]
+        self._tokens = False  # one_hot_tokens(X), computed with the first operator
 
     @property
     def label(self):
@@ -307,7 +464,14 @@ class AttentionProgram(Program):
 
     def _make_operator(self, Xs, device, chunk):
         mask = None if self.mask is None else torch.from_numpy(self.mask).to(device=device, dtype=Xs.dtype)
-        return AttentionOperator(Xs, None, mask, self.c, device, chunk)
+        if self._tokens is False:  # (a memory map is never scanned whole; every shard must agree)
+            self._tokens = None if file_backed(self.X) else one_hot_tokens(self.X)
+            if self.shards is not None and not self.shards.all_(self._tokens is not None):
+                self._tokens = None
+        if self._tokens is not None:
+            tokens = torch.from_numpy(self._tokens).to(device)
+            return TokenOperator(tokens, self.d, None, mask, self.c, device, Xs.dtype, self.shards)
+        return AttentionOperator(Xs, None, mask, self.c, device, chunk, self.shards)
 
     def block_norms(self):
         """``||A_g||`` for every group g, shape ``shape[:-1]`` (numpy; exact, cached): the spectral norm

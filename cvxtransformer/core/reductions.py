@@ -91,6 +91,16 @@ class Reduction:
         return make_problem(X, y, program=cls.networks[network], loss=loss, beta=beta, **options)
 
 
+def _bilinear(W1, X, W2, chunk=256):
+    """``w_1j^T X_i w_2j`` of shape (N, m) for rows ``W1`` (m, n), ``W2`` (m, d) and ``X`` (N, n, d): BLAS
+    products over chunks of heads (a three-operand ``np.einsum`` loops in C, far slower for many heads)."""
+    out = np.empty((X.shape[0], W1.shape[0]))
+    for s in range(0, W1.shape[0], chunk):
+        T = np.tensordot(X, W2[s:s + chunk], axes=([2], [1]))  # (N, n, rows)
+        out[:, s:s + chunk] = np.einsum("ikj,jk->ij", T, W1[s:s + chunk])
+    return out
+
+
 class Proposition1(Reduction):
     """Proposition 1 of Ergen et al.: networks (6)/(9) and (11) <-> programs (10) (or (8)) and (12)."""
 
@@ -120,12 +130,15 @@ class Proposition1(Reduction):
         and ``g_ij = 1[u_1,gate(j)^T X_i u_2,gate(j) >= 0]`` for (11).
         """
         program, beta = problem.program, problem.beta
-        X = program.X
-        scores = np.einsum("jk,ikd,jd->ij", weights.W1, X, weights.W2)
-        if weights.gate is not None:
-            U1, U2 = program.U1[weights.gate], program.U2[weights.gate]
-            scores = scores * (np.einsum("jk,ikd,jd->ij", U1, X, U2) >= 0)
-        Yhat = scores @ weights.W3
+        Yhat = np.empty((program.N, weights.W3.shape[1]))
+        step = max(1, 2**20 // max(1, program.X[:1].size + weights.W1.shape[0]))  # X may be a memory map
+        for s in range(0, program.N, step):
+            X = np.asarray(program.X[s:s + step], dtype=float)
+            scores = _bilinear(weights.W1, X, weights.W2)
+            if weights.gate is not None:
+                U1, U2 = program.U1[weights.gate], program.U2[weights.gate]
+                scores *= _bilinear(U1, X, U2) >= 0
+            Yhat[s:s + step] = scores @ weights.W3
         if weights.form == "balanced":
             penalty = 0.5 * beta * float(np.sum(weights.W2 ** 2) + np.sum(np.abs(weights.W3).sum(axis=1) ** 2))
         else:
@@ -153,11 +166,18 @@ class LinearMHSAReduction(Reduction):
         return MHSAHeads(W1=W1, W2=W2)
 
     @staticmethod
-    def predict(X, heads, pooled):
-        """Outputs of network (5): (N, n*c) per token, or (N, c) mean-pooled."""
-        G = np.einsum("ita,itb->iab", X, X)
-        out = np.einsum("ita,jak,ikb,jbc->itc", X, heads.W1, G, heads.W2, optimize=True)
-        return out.mean(axis=1) if pooled else out.reshape(X.shape[0], -1)
+    def predict(X, heads, pooled, chunk=4096):
+        """Outputs of network (5): (N, n*c) per token, or (N, c) mean-pooled; in float64, by chunks of
+        samples (``X`` may be a memory map larger than memory)."""
+        N, n, _ = X.shape
+        c = heads.W2.shape[2]
+        out = np.empty((N, c) if pooled else (N, n * c))
+        for s in range(0, N, chunk):
+            Xc = np.asarray(X[s:s + chunk], dtype=float)
+            G = np.einsum("ita,itb->iab", Xc, Xc)
+            Y = np.einsum("ita,jak,ikb,jbc->itc", Xc, heads.W1, G, heads.W2, optimize=True)
+            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
+        return out
 
     @staticmethod
     def objective(problem, heads):

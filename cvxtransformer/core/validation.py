@@ -55,22 +55,35 @@ def check_choice(name, value, choices):
 
 
 def check_array(name, a, ndim=None, what=None, finite=True, nonempty=True):
-    """A float64 ndarray with ``ndim`` dimensions, finite and non-empty by default.
+    """A float64 ndarray with ``ndim`` dimensions, finite and non-empty by default (a memory map of
+    float32 or float64 is kept as it is, and tested in chunks: it may be larger than memory).
 
     ``what`` describes the expected shape in messages (e.g. ``"shape (N, n, d)"``).
     """
     what = what or (f"a {ndim}-d array" if ndim is not None else "an array")
+    mapped = isinstance(a, np.memmap) and a.dtype in (np.float32, np.float64)  # data larger than memory: no copy
+    if type(a).__module__.startswith("scipy.sparse"):
+        raise invalid(name, f"a dense array of {what}", f"a scipy sparse {type(a).__name__}",
+                      "convert it with .toarray()")
+    given = type(a).__name__
     try:
-        a = np.asarray(a, dtype=float)
+        a = a if mapped else np.asarray(a)
+        if a.dtype.kind != "c":  # converting complex values would drop their imaginary parts
+            a = a if mapped else np.asarray(a, dtype=float)
     except (TypeError, ValueError):
-        raise invalid(name, f"a numeric array of {what}", type(a).__name__) from None
+        raise invalid(name, f"a numeric array of {what}", given) from None
+    if a.dtype.kind == "c":
+        raise invalid(name, "real numbers", "complex values", "pass real and imaginary parts as separate features")
     if ndim is not None and a.ndim != ndim:
         raise invalid(name, what, f"shape {a.shape}")
     if nonempty and a.size == 0:
         raise invalid(name, f"non-empty {what}", f"shape {a.shape}", "pass at least one sample")
-    if finite and not np.all(np.isfinite(a)):
-        raise invalid(name, "finite values", f"{np.count_nonzero(~np.isfinite(a))} NaN/Inf entries",
-                      "remove or impute them")
+    if finite:
+        rows = a.reshape(1) if a.ndim == 0 else a
+        step = max(1, 2**22 // max(1, rows[:1].size))  # rows per test: temporaries stay a few MB
+        bad = sum(np.count_nonzero(~np.isfinite(rows[s:s + step])) for s in range(0, len(rows), step))
+        if bad:
+            raise invalid(name, "finite values", f"{bad} NaN/Inf entries", "remove or impute them")
     return a
 
 

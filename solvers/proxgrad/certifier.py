@@ -5,6 +5,10 @@ function (:func:`cvxtransformer.core.certificate.scaled_residual`): ``P(x)``, th
 ``V = -grad L(A x)`` scaled into the dual feasible set, ``D``, and the gap against the best dual
 point seen so far. This is the quantity the verifier recomputes from the returned Z, so the
 backend stops exactly when the verifier will certify.
+
+When the operator streams its data (a memory map, or host memory feeding a GPU), ``yhat``, the
+dual point and ``A^T V`` are computed in one pass over the data (``forward_adjoint``): a check costs
+one read of the data, as an iteration's adjoint does.
 """
 import math
 import time
@@ -43,8 +47,11 @@ class Certifier:
         """Certify ``x`` (canonical, float64); ``Yhat = A x`` in float64 when already known."""
         t0 = time.perf_counter()
         p = self.problem
-        primal, V, s, dual, G = scaled_residual(p.loss, p.regularizer, self.op.forward, self.op.adjoint,
-                                                self.T, x, Yhat)
+        forward, adjoint = self.op.forward, self.op.adjoint
+        if Yhat is None and getattr(self.op, "streams", False):
+            Yhat, _, G1 = self.op.forward_adjoint(x, lambda Y, s, e: p.loss.dual_variable(Y, self.T[s:e]))
+            adjoint = lambda V: G1  # noqa: E731  (V = -grad L(yhat), row by row: the same V)
+        primal, V, s, dual, G = scaled_residual(p.loss, p.regularizer, forward, adjoint, self.T, x, Yhat)
         primal, dual = float(primal), float(dual)
         if dual > self.dual_best:
             self.dual_best, self.V_best, self.G_best = dual, s * V, s * G

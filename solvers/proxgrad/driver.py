@@ -15,6 +15,11 @@ Celer-style outer loop around FISTA (:mod:`.fista`):
 
 The stopping rule is the certificate, never an iteration count: when ``max_iter`` or
 ``time_limit`` runs out first, the status says so and the verifier reports ``certified: false``.
+
+A sharded problem (:mod:`solvers.distributed`) is solved the same way on every process: the
+operators and the loss sum over the shards, every decision (step sizes, restarts, working sets,
+screening, Gram or data path, budgets) is taken from numbers that are the same on every process,
+and the replicated iterate is checked to be identical at every certified check.
 """
 import contextlib
 import sys
@@ -24,7 +29,7 @@ import numpy as np
 import torch
 
 from cvxtransformer.core.arrays import F64, device_budget, resolve_device, resolve_dtype
-from cvxtransformer.core.errors import invalid
+from cvxtransformer.core.errors import SolverError, invalid
 from cvxtransformer.core.result import BackendOutput, Check
 from cvxtransformer.core.validation import check_choice, check_positive, check_tol
 
@@ -128,8 +133,10 @@ class ProxGrad(Solver):
         tol = check_tol(tol)
         o = self.checked_options(problem, options)
         t_start = time.perf_counter()
-        budget = Budget(o["max_iter"], o["time_limit"])
-        work = problem.program.N * int(np.prod(problem.program.canonical_shape))
+        shards = problem.program.shards
+        budget = Budget(o["max_iter"], o["time_limit"], shards)
+        N = problem.program.N if shards is None else shards.total
+        work = N * int(np.prod(problem.program.canonical_shape))
         with cpu_threads(o["device"], work, o["threads"]):
             run = _Run(problem, o, o["progress"] or verbose, t_start)
             status = run.loop(tol, budget, o)
@@ -147,6 +154,8 @@ class _Run:
         p = problem.program
         device, dtype, chunk = o["device"], o["dtype"], o["chunk_size"]
         self.problem, self.device, self.dtype, self.chunk = problem, device, dtype, chunk
+        self.shards = p.shards  # None, or the data shards of a distributed solve
+        progress = progress and (self.shards is None or self.shards.rank == 0)
         self.progress, self.t_start, self.history = progress, t_start, []
         self.op64 = p.operator(device, F64, chunk)
         self.T64 = torch.from_numpy(np.ascontiguousarray(problem.T, dtype=float)).to(device)
@@ -174,9 +183,12 @@ class _Run:
     def loop(self, tol, budget, o):
         ws_size, method_used, floor_hits, best_rel, Yhat, n_screened = 0, None, 0, np.inf, None, 0
         while True:
-            if Yhat is None:
+            if Yhat is None and not getattr(self.op64, "streams", False):  # streamed: one pass in check
                 Yhat = self.ws.forward(self.x)
             chk = self.cert.check(self.x, Yhat)
+            if self.shards is not None and not self.shards.same(self.x):
+                raise SolverError("distributed: the processes' iterates differ (their replicated arithmetic is not "
+                                  "identical: run every process with the same torch build, device type and threads)")
             done = chk.relative_gap <= tol
             if o["screen"] and chk.relative_gap < 1e-2 and (not done or self.ws.norms_known()):
                 n_screened = self.ws.screen(self.cert.G_best, self.cert.radius(chk.gap))
@@ -206,7 +218,7 @@ class _Run:
                 self.log("inner", k, primal, dual)
 
             size = int(np.prod(op.shape))
-            work = size * (size // self.problem.program.n_outputs if method_used == "gram" else op.N)
+            work = size * (size // self.problem.program.n_outputs if method_used == "gram" else op.N_total)
             with cpu_threads(self.device, work):
                 if "L" not in self.cache:  # a Lipschitz estimate per working set, refined by backtracking
                     self.cache["L"] = sm.lipschitz_guess(None if method_used == "gram" else sm.grad(x, sm.image(x))[0])
@@ -232,13 +244,14 @@ class _Run:
         if not use_gram:
             if "data" not in self.cache:
                 mat = op.materialize() if hasattr(op, "materialize") else op  # polish may form a support Gram
-                work = 100.0 * GEMM_SPEEDUP[self.device.type] * mat.N * int(np.prod(mat.shape))
+                work = 100.0 * GEMM_SPEEDUP[self.device.type] * mat.N_total * int(np.prod(mat.shape))
                 self.cache["data"] = DataSmooth(mat, self.problem.loss, self.Tw, work)
             sm = self.cache["data"]
             return sm, sm.op, "data"
         if "gram" not in self.cache:
             H, B = op.gram(self.Tw)
             tt = float(torch.sum(self.T64 * self.T64))
+            tt = tt if self.shards is None else self.shards.sum_value(tt)
             self.cache["gram"] = GramSmooth(H, B, tt, op.hJ, op.nK, op.d)
         return self.cache["gram"], op, "gram"
 
@@ -247,12 +260,15 @@ class _Run:
         against iterations that stream the N x F data twice. A GEMM runs about ``GEMM_SPEEDUP``
         times faster per multiply-add than a product that streams its matrix once."""
         F = op.hJ * op.F
-        if F * F * op.X.element_size() > min(GRAM_BYTES, device_budget(self.device)):
+        room = device_budget(self.device)
+        if self.shards is not None:  # the smallest device decides, for every process
+            room = -float(self.shards.max_(torch.tensor([-room], dtype=F64))[0])
+        if F * F * op.X.element_size() > min(GRAM_BYTES, room):
             return False
         r = GEMM_SPEEDUP[self.device.type]
         c = self.problem.program.n_outputs
-        t_data = 2.0 * op.N * op.F * max(1.0, op.hJ * c / r)
+        t_data = 2.0 * op.N_total * op.F * max(1.0, op.hJ * c / r)
         t_gram_iter = F * F * max(1.0, c / r)
-        t_build = op.N * F * (F + c) / r
+        t_build = op.N_total * F * (F + c) / r
         k = 100 if self.last_iters is None else max(50, 1.5 * self.last_iters)
         return t_build + k * t_gram_iter < k * t_data

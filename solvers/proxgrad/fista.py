@@ -3,26 +3,39 @@ representation and any regulariser with a torch prox.
 
 The subproblem's relative duality gap is checked every ``check_every`` iterations and the run
 stops at ``tol``; a :class:`Budget` of iterations and seconds is shared by every inner solve.
+In a distributed solve every decision is taken from numbers that are the same on every process
+(sums over the shards, or replicated iterates); the clock is the one exception, so the processes
+agree on it every ``SYNC_EVERY`` iterations.
 """
 import math
 import time
 
 import torch
 
+SYNC_EVERY = 10  # iterations between two agreements on the clock (distributed solves)
+
 
 class Budget:
-    """Iterations and seconds left to a solve; shared by every inner solve."""
+    """Iterations and seconds left to a solve; shared by every inner solve. ``shards``: the data
+    shards of a distributed solve, whose processes must run out of time at the same iteration."""
 
-    def __init__(self, max_iter, time_limit):
+    def __init__(self, max_iter, time_limit, shards=None):
         self.iterations = 0
         self.max_iter = max_iter
         self.deadline = None if time_limit is None else time.perf_counter() + time_limit
+        self.shards = shards
 
     def spent(self):
         if self.iterations >= self.max_iter:
             return "max_iter"
-        if self.deadline is not None and time.perf_counter() >= self.deadline:
-            return "time_limit"
+        if self.deadline is not None:
+            late = time.perf_counter() >= self.deadline
+            if self.shards is not None:
+                if self.iterations % SYNC_EVERY:
+                    return None
+                late = self.shards.any_(late)
+            if late:
+                return "time_limit"
         return None
 
 

@@ -15,6 +15,10 @@ Each offers ``image(x)``, ``grad(y, iy) -> (g, state)`` with ``state`` the dual 
 ``y``, ``value(x, ix)`` (float64), ``dual_value(state, s)`` = D(s V_y) (float64) and, for a
 quadratic loss, ``curvature(d, ixn, iy) = ||A d||^2`` and ``support_system(J, K)`` (the Gram
 matrix of a support, for the Newton polish of :mod:`.newton`).
+
+On a shard of a distributed solve (``op.shards`` set) the sums over samples (``value``,
+``dual_value``, ``curvature``, the Lipschitz estimate) are summed over the shards; ``A^T V`` and
+Gram matrices are summed by the operator itself.
 """
 import torch
 
@@ -28,6 +32,9 @@ class DataSmooth:
         self.op, self.loss, self.T = op, loss, T
         self.quadratic = loss.quadratic
         self.max_gram_work = max_gram_work  # multiply-adds allowed for a support Gram (polish)
+        # on a shard, f(y) rides on the all-reduce of A^T V(y) (the loss of one shard: ShardedLoss.loss)
+        fuse = op.shards is not None and not self.quadratic and op.dtype == F64 and hasattr(loss, "shards")
+        self._local, self._fy = (loss.loss if fuse else None), None
 
     def from_canonical(self, x):
         """Canonical coefficients of the operator -> this layout (the same)."""
@@ -41,13 +48,22 @@ class DataSmooth:
 
     def grad(self, y, iy):
         V = self.loss.dual_variable(iy, self.T)
-        return self.op.adjoint(V).neg_(), V
+        if self._local is None:
+            return self.op.adjoint(V).neg_(), V
+        self.op.shards.carry(self._local.value(iy, self.T))
+        g = self.op.adjoint(V).neg_()
+        self._fy = (iy, self.op.shards.carried)
+        return g, V
 
     def value(self, x, ix):
+        if self._fy is not None and self._fy[0] is ix:
+            return self._fy[1]
         return self.loss.value(ix, self.T)
 
     def curvature(self, d, ixn, iy):
         r = (ixn - iy).reshape(-1)
+        if self.op.shards is not None:
+            return self.op.shards.sum_value(torch.dot(r, r))
         return torch.dot(r, r)
 
     def dual_value(self, V, s):
@@ -57,14 +73,15 @@ class DataSmooth:
         """(H, A^T T) of the gates J and tokens K of this op (quadratic loss, operators with a Gram
         matrix, and a support small enough; else None)."""
         if not self.quadratic or not hasattr(self.op, "gram") or \
-                self.op.N * (len(J) * len(K) * self.op.d) ** 2 > self.max_gram_work:
+                self.op.N_total * (len(J) * len(K) * self.op.d) ** 2 > self.max_gram_work:
             return None
         return self.op.restrict(J, K).gram(self.T)
 
     def lipschitz_guess(self, g):
         """Lower estimate of the Lipschitz constant of grad f: curvature along ``g``."""
         Ag = self.op.forward(g)
-        num = float(torch.sum(Ag * Ag, dtype=F64))
+        num = torch.sum(Ag * Ag, dtype=F64)
+        num = float(num if self.op.shards is None else self.op.shards.sum_value(num))
         den = float(torch.sum(g * g, dtype=F64))
         return self.loss.lipschitz * num / den if den > 0 else 1.0
 

@@ -1,0 +1,222 @@
+"""Data larger than memory: DATA directories, shards, memory maps, and rows streamed to a device.
+
+``DATA`` for the command line (and :func:`open_data` in Python) is one of
+
+* a ``.npz`` file with ``X`` and ``y`` (optionally ``U1``, ``U2``), loaded into memory;
+* a directory holding ``X.npy`` (N, n, d) and ``y.npy`` (N, ...) (optionally ``U1.npy``, ``U2.npy``):
+  ``X`` is memory-mapped, never read whole;
+* several such directories (shards; rows concatenated in the order given), or one directory whose
+  subdirectories are the shards (sorted by name).
+
+A process keeps the rows it needs (:meth:`DataSet.rows`): a memory map of them when they lie in
+one file (no copy), a copy when they span several. Memory-mapped ``X`` (float64 or float32) is
+streamed to the device by the programs' torch operators in chunks of samples (:func:`storage`,
+:class:`StreamedRows`): peak memory is a few chunks, whatever N.
+
+Example
+-------
+>>> import numpy as np, os, tempfile
+>>> folder = tempfile.mkdtemp()
+>>> np.save(os.path.join(folder, "X.npy"), np.ones((5, 3, 2))); np.save(os.path.join(folder, "y.npy"), np.ones(5))
+>>> data = open_data(folder)
+>>> data.N, data.shape, type(data.rows(1, 4)[0]).__name__
+(5, (5, 3, 2), 'memmap')
+"""
+import mmap
+import os
+import warnings
+
+import numpy as np
+import torch
+
+from .arrays import device_budget, to_storage
+from .errors import InvalidInputError
+from .io import load_npz
+
+STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
+
+
+def file_backed(a):
+    """Whether ndarray ``a`` is a view of a memory-mapped file (``np.load(..., mmap_mode="r")``)."""
+    while a is not None:
+        if isinstance(a, mmap.mmap):
+            return True
+        a = getattr(a, "base", None)
+    return False
+
+
+def split_rows(N, world, rank):
+    """Rows ``[start, stop)`` of ``rank`` among ``world`` processes: contiguous, sizes differ by at most 1."""
+    q, r = divmod(int(N), int(world))
+    start = rank * q + min(rank, r)
+    return start, start + q + (rank < r)
+
+
+def _npy(path, role, name):
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{role}: {os.path.dirname(path)!r} has no {name}.npy; save it with "
+                                f"np.save('{name}.npy', ...)") from None
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(f"{role}: {path!r} is not a readable .npy file ({exc}); write it with "
+                                "numpy.save from a numeric array") from None
+    if a.dtype.kind not in "biuf":
+        raise InvalidInputError(f"{role}: {path!r} holds dtype {a.dtype}; expected numbers")
+    return a
+
+
+class DataSet:
+    """X, y (and gates) of DATA, opened without reading X (see the module docstring).
+
+    Attributes: ``N`` (rows in all), ``shape`` (N, n, d), ``counts`` (rows per shard), ``U1``,
+    ``U2`` (None when absent), ``in_memory`` (True for a .npz file).
+    """
+
+    def __init__(self, parts, U1=None, U2=None, in_memory=False):
+        self.parts, self.U1, self.U2, self.in_memory = parts, U1, U2, in_memory
+        self.counts = [len(X) for X, _ in parts]
+        self.N = sum(self.counts)
+        self.shape = (self.N,) + parts[0][0].shape[1:]
+
+    def split(self, world, rank):
+        """Rows ``[start, stop)`` of ``rank``: shard ``rank`` when there is one shard per process,
+        else :func:`split_rows`."""
+        if len(self.counts) == world > 1:
+            start = sum(self.counts[:rank])
+            return start, start + self.counts[rank]
+        return split_rows(self.N, world, rank)
+
+    def rows(self, start=0, stop=None):
+        """``(X, y)`` of rows ``[start, stop)``: X is a view (a memory map) when they lie in one shard,
+        else a copy; y is read into memory."""
+        stop = self.N if stop is None else stop
+        Xs, ys, offset = [], [], 0
+        for (X, y), count in zip(self.parts, self.counts):
+            s, e = max(start - offset, 0), min(stop - offset, count)
+            if s < e:
+                Xs.append(X[s:e])
+                ys.append(y[s:e])
+            offset += count
+        if not Xs:  # an empty range: zero rows of the first shard
+            Xs, ys = [self.parts[0][0][:0]], [self.parts[0][1][:0]]
+        y = np.concatenate(ys)  # a copy in memory (N x c: small beside X)
+        return (Xs[0] if len(Xs) == 1 else np.concatenate(Xs)), y
+
+
+def _shard_dirs(paths, role):
+    dirs = []
+    for path in paths:
+        path = os.fspath(path)
+        if os.path.isfile(os.path.join(path, "X.npy")):
+            dirs.append(path)
+        elif os.path.isdir(path):
+            subs = sorted(os.path.join(path, s) for s in os.listdir(path)
+                          if os.path.isfile(os.path.join(path, s, "X.npy")))
+            if not subs:
+                raise InvalidInputError(f"{role}: folder {path!r} holds no X.npy (nor shard folders with one); "
+                                        "save X.npy and y.npy there")
+            dirs.extend(subs)
+        else:
+            raise InvalidInputError(f"{role}: {path!r} not found")
+    return dirs
+
+
+def open_data(paths, role="DATA"):
+    """A :class:`DataSet` from a .npz file, a directory, several shard directories, or a folder of them.
+
+    Checks shapes and dtypes from the files' headers (nothing is read): every shard has X of
+    shape (N_s, n, d), C order, numeric, and y with N_s rows and the same trailing shape; gates,
+    when present, are the same in every shard that has them. Values (NaN/Inf, labels) are
+    checked when the problem is built.
+    """
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not paths:
+        raise InvalidInputError(f"{role}: expected a .npz file or data folders, got nothing")
+    if len(paths) == 1 and not os.path.isdir(paths[0]):
+        data = load_npz(paths[0], role, ("X", "y"))
+        return DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True)
+    parts, gates = [], {}
+    for folder in _shard_dirs(paths, role):
+        X = _npy(os.path.join(folder, "X.npy"), role, "X")
+        y = _npy(os.path.join(folder, "y.npy"), role, "y")
+        where = f"{role}: {folder!r}"
+        if X.ndim != 3 or not X.flags.c_contiguous:
+            fix = "" if X.ndim != 3 else " in Fortran order; save np.ascontiguousarray(X)"
+            raise InvalidInputError(f"{where}: X.npy must be a C-ordered array of shape (N, n, d), got shape "
+                                    f"{X.shape}{fix}")
+        if y.ndim == 0 or y.shape[0] != X.shape[0]:
+            raise InvalidInputError(f"{where}: y.npy has shape {y.shape}, expected {X.shape[0]} rows (one per sample)")
+        if parts and (X.shape[1:] != parts[0][0].shape[1:] or y.shape[1:] != parts[0][1].shape[1:]):
+            raise InvalidInputError(f"{where}: shards differ in shape: X {X.shape}, y {y.shape} against X "
+                                    f"{parts[0][0].shape}, y {parts[0][1].shape} in the first shard")
+        for name in ("U1", "U2"):
+            path = os.path.join(folder, name + ".npy")
+            if os.path.isfile(path):
+                U = np.array(_npy(path, role, name), dtype=float)
+                if name in gates and not np.array_equal(U, gates[name]):
+                    raise InvalidInputError(f"{where}: {name}.npy differs from the first shard's; every shard "
+                                            "must use the same gates")
+                gates[name] = U
+        parts.append((X, y))
+    return DataSet(parts, gates.get("U1"), gates.get("U2"))
+
+
+class StreamedRows:
+    """Rows of a host array (typically a memory map) read chunk by chunk, in ``dtype``, on ``device``.
+
+    ``rows[s:e]`` returns a tensor (e - s, n, d) valid until the next read: it lives in a buffer
+    that is reused (pinned host memory and one device buffer for CUDA), so peak memory is one
+    chunk whatever N. Offers what the operators ask of their data: ``shape``, ``dtype``, ``device``,
+    ``element_size()`` and slicing.
+    """
+
+    def __init__(self, source, device, dtype):
+        self.source, self.device, self.dtype = source, device, dtype
+        self.shape = tuple(source.shape)
+        self._host = self._dev = self._event = None
+
+    def element_size(self):
+        return torch.finfo(self.dtype).bits // 8
+
+    def _buffers(self, rows):
+        if self._host is None or self._host.shape[0] < rows:
+            shape = (rows,) + self.shape[1:]
+            pin = self.device.type == "cuda"
+            self._host = torch.empty(shape, dtype=self.dtype, pin_memory=pin)
+            self._dev = torch.empty(shape, dtype=self.dtype, device=self.device) if pin else self._host
+        return self._host[:rows], self._dev[:rows]
+
+    def __getitem__(self, rows):
+        s, e, _ = rows.indices(self.shape[0])
+        if self._event is not None:  # the previous copy to the device must be done before the buffer is refilled
+            self._event.synchronize()
+        host, dev = self._buffers(max(e - s, 0))
+        np.copyto(host.numpy(), self.source[s:e], casting="same_kind")
+        if self._dev is self._host:
+            return host
+        dev.copy_(host, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+        return dev
+
+
+def storage(X, device, dtype):
+    """The data ``X`` (N, n, d) as the operators read it: a tensor on ``device`` or, for a
+    memory-mapped ``X`` that would have to be copied whole (another dtype on the CPU, or too large
+    for the GPU), a :class:`StreamedRows`. In-memory arrays: :func:`~.arrays.to_storage`."""
+    if not isinstance(X, np.ndarray) or not file_backed(X):
+        return to_storage(X, device, dtype)
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    if device.type == "cpu" and X.dtype == np_dtype and X.flags.c_contiguous:
+        with warnings.catch_warnings():  # a read-only map: the operators never write to their data
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(X)
+    if device.type == "cuda" and X.size * np.dtype(np_dtype).itemsize <= device_budget(device):
+        out = torch.empty(X.shape, dtype=dtype, device=device)
+        stream = StreamedRows(X, device, dtype)
+        step = max(1, STREAM_BYTES // max(1, X.dtype.itemsize * int(np.prod(X.shape[1:]))))
+        for s in range(0, len(X), step):
+            out[s:s + step].copy_(stream[s:s + step])
+        return out
+    return StreamedRows(X, device, dtype)
