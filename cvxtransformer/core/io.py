@@ -3,14 +3,14 @@
 Every file the project writes goes through :func:`atomic_open`: the content is written to a
 temporary file in the target folder and renamed into place only when complete, so an
 interrupted or failed run never leaves a half-written file. The final file gets the mode
-an ordinary ``open(path, "w")`` would give it (``0o666`` less the umask).
+an ordinary ``open(path, "w")`` would give it (``0o666`` less the umask for a new file).
 """
 import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
-import zipfile
 
 import numpy as np
 
@@ -25,19 +25,39 @@ def _umask():
 
 @contextlib.contextmanager
 def atomic_open(path, mode="wb"):
-    """Open a temporary file beside ``path``; on success it replaces ``path`` (mode 0o666 & ~umask)."""
+    """Open a temporary file beside ``path``; on success it replaces ``path``.
+
+    The file gets the mode ``open(path, "w")`` would give it: an existing file's own mode, else
+    ``0o666`` less the umask. On any failure the temporary file is removed and ``path`` is left
+    as it was; a failure of the file system (no such folder, permission denied, disk full) is an
+    :class:`InvalidInputError` naming ``path``.
+    """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
         with os.fdopen(fd, mode) as f:
             yield f
-        os.chmod(tmp, 0o666 & ~_umask())
+        try:
+            permissions = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            permissions = 0o666 & ~_umask()
+        os.chmod(tmp, permissions)
         os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise InvalidInputError(f"cannot write {path!r} ({exc.strerror or exc}); pass a writable location "
+                                "with free space") from None
     except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(tmp):
+    if tmp is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        raise
 
 
 def save_npz(path, **arrays):
@@ -97,7 +117,10 @@ def load_npz(path, role, required=()):
         raise InvalidInputError(f"{role}: file {os.fspath(path)!r} not found") from None
     except IsADirectoryError:
         raise InvalidInputError(f"{role}: {os.fspath(path)!r} is a folder, not a .npz file") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except PermissionError:
+        raise InvalidInputError(f"{role}: {os.fspath(path)!r} cannot be read (permission denied)") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to parse the file is the file's fault
+        # numpy's own message for object arrays suggests allow_pickle=True: never repeat that advice
         why = "it holds object arrays, which are not loaded" if "allow_pickle" in str(exc) else \
             "corrupt or not in the .npz format"
         raise InvalidInputError(f"{role}: {os.fspath(path)!r} is not a readable .npz file ({why}); "
@@ -110,17 +133,28 @@ def load_npz(path, role, required=()):
 
 
 def check_output_file(path, role):
-    """Check, before any work, that ``path`` can be written: its folder exists and is writable,
-    and ``path`` is not a folder."""
+    """Check, before any work, that ``path`` can be written: its folder exists and a file can be
+    created in it (tried, not inferred from permission bits), and ``path`` is not a folder."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise InvalidInputError(f"{role}: {path!r} is a folder; pass a file name")
     if not os.path.isdir(folder):
+        if os.path.exists(folder):
+            raise InvalidInputError(f"{role}: {folder!r} is a file, not a folder; pass another path")
         raise InvalidInputError(f"{role}: folder {folder!r} does not exist; create it or pass another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InvalidInputError(f"{role}: folder {folder!r} is not writable; pass a writable location")
+    _check_writable(folder, role)
     return path
+
+
+def _check_writable(folder, role):
+    """Create and remove a file in ``folder`` (permission bits do not tell: root, read-only mounts)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise InvalidInputError(f"{role}: cannot create a file in folder {folder!r} ({exc.strerror or exc}); "
+                                "pass a writable location") from None
 
 
 def prepare_out_dir(path, role="--out-dir"):
@@ -133,6 +167,5 @@ def prepare_out_dir(path, role="--out-dir"):
     except OSError as exc:
         raise InvalidInputError(f"{role}: cannot create folder {path!r} ({exc.strerror}); "
                                 "pass a writable folder") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise InvalidInputError(f"{role}: folder {path!r} is not writable; pass a writable folder")
+    _check_writable(path, role)
     return path

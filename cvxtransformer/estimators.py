@@ -1,0 +1,306 @@
+"""scikit-learn estimators over the functional API (``make_problem``, ``solve``), as celer and skglm
+offer for the lasso.
+
+* :class:`AttentionRegressor`, :class:`AttentionClassifier`: the group-lasso attention programs
+  (8), (10) and (12) (Ergen et al.);
+* :class:`MHSARegressor`, :class:`MHSAClassifier`: the nuclear-norm program of linear multi-head
+  self-attention (program (6) of Sahiner et al., ``"mhsa"``).
+
+``X`` is 3-d, ``(N, n, d)``: N sequences of n tokens of dimension d (docs/conventions.md). The
+losses are summed over samples, so ``beta`` grows with N; ``beta_frac`` (beta as a fraction of
+the training data's beta_max) does not. ``__init__`` stores the parameters; ``fit`` validates
+them, solves the program and certifies the solution: ``coef_`` is Z in the program's shape,
+``certificate_`` the verifier's :class:`~cvxtransformer.core.certificate.Certificate`,
+``dual_gap_`` its duality gap ``P(Z) - D(V)`` (absolute; ``certificate_.relative_gap`` is the
+relative one). A fit whose certificate does not reach ``tol`` warns (``ConvergenceWarning``).
+
+Needs scikit-learn (``pip install 'cvxtransformer[sklearn]'``); ``import cvxtransformer`` does not.
+
+Example
+-------
+>>> import numpy as np
+>>> from cvxtransformer.estimators import AttentionRegressor
+>>> X = np.random.default_rng(0).standard_normal((40, 4, 3))
+>>> y = X[:, 1, :2] @ [1.0, -2.0]
+>>> model = AttentionRegressor(program=8, beta_frac=0.05).fit(X[:30], y[:30])
+>>> model.coef_.shape, model.certificate_.certified, bool(model.score(X[30:], y[30:]) > 0.9)
+((4, 3), True, True)
+"""
+import warnings
+
+import numpy as np
+
+from .core.errors import MissingDependencyError, invalid
+
+try:
+    from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.metrics import r2_score
+    from sklearn.utils.validation import check_is_fitted
+except ImportError:
+    raise MissingDependencyError("cvxtransformer.estimators needs scikit-learn; "
+                                 "pip install 'cvxtransformer[sklearn]'") from None
+
+from .core.problem import make_problem, parse_program
+from .core.validation import check_array, check_choice, check_int, check_positive, check_tol
+from .solving import solve
+
+__all__ = ["AttentionClassifier", "AttentionRegressor", "MHSAClassifier", "MHSARegressor"]
+
+
+class _ConvexEstimator(BaseEstimator):
+    """Fit and predict shared by the four estimators; subclasses set how targets are encoded."""
+
+    _programs = (8, 10, 12)  # the values the ``program`` parameter may take
+
+    def _program(self):
+        if self._programs == ("mhsa",):
+            return "mhsa"
+        program = parse_program(self.program)
+        if program == "mhsa":
+            raise invalid("program", "8, 10 or 12", "'mhsa'", "use MHSARegressor or MHSAClassifier for 'mhsa'")
+        return program
+
+    def _solve(self, X, y, loss, n_classes=None):
+        """Validate the parameters, build the problem on (X, y), solve and certify it, set the attributes."""
+        program = self._program()
+        tol = check_tol(self.tol)
+        gates = check_int("gates", getattr(self, "gates", 8), 1)
+        gate_seed = check_int("gate_seed", getattr(self, "gate_seed", 0))
+        if self.beta is not None and self.beta_frac is not None:
+            raise invalid("beta, beta_frac", "one of them", "both", "set the other to None")
+        problem = make_problem(X, y, program=program, loss=loss, beta=1.0, gates=gates, gate_seed=gate_seed,
+                               n_classes=n_classes)
+        beta_max = float(problem.beta_max())
+        if self.beta is not None:
+            beta = check_positive("beta", self.beta)
+        else:
+            frac = check_positive("beta_frac", 0.1 if self.beta_frac is None else self.beta_frac)
+            beta = frac * beta_max if beta_max > 0 else frac  # beta_max = 0: Z = 0 for every beta > 0
+        problem = problem.with_beta(beta)
+        result = solve(problem, solver=self.solver, tol=tol, refine=self.refine)
+        cert = result.certificate
+        self.problem_, self.coef_, self.certificate_ = problem, result.Z, cert
+        self.beta_, self.beta_max_, self.dual_gap_ = beta, beta_max, cert.duality_gap
+        self.n_iter_ = 0 if result.iterations is None else int(result.iterations)
+        self.solver_status_ = result.status
+        if not cert.certified:
+            warnings.warn(f"{type(self).__name__}: relative duality gap {cert.relative_gap:.2e} is above tol "
+                          f"{tol:.1e} (solver status: {result.status}); the solution is not certified",
+                          ConvergenceWarning, stacklevel=3)
+        return self
+
+    def _outputs(self, X):
+        """``yhat`` of shape (N, n_outputs) on new data ``X`` (N, n, d): ``program.on(X).forward(coef_)``."""
+        check_is_fitted(self, "coef_")
+        X = check_array("X", X, 3, "shape (N, n, d)")
+        program = self.problem_.program
+        n, d = program.X.shape[1:]
+        if program.name == "mhsa":
+            if X.shape[2] != d:
+                raise invalid("X", f"tokens of dimension d = {d}, as in fit", f"shape {X.shape}")
+        elif X.shape[1:] != (n, d):
+            raise invalid("X", f"shape (N, {n}, {d}), as in fit", f"shape {X.shape}")
+        return program.on(X).forward(self.coef_)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False  # X is (N, n, d); see docs/estimators.md for the checks
+        tags.input_tags.three_d_array = True
+        return tags
+
+
+def _targets(y):
+    if y is None:
+        raise invalid("y", "targets, one per sample of X", "None", "pass y to fit")
+    return np.asarray(y)
+
+
+class _Regressor(RegressorMixin, _ConvexEstimator):
+    def fit(self, X, y):
+        """Fit on ``X`` (N, n, d) and real targets ``y``: (N,), (N, c), or (N, n, c) (one per token).
+
+        Returns self."""
+        y = _targets(y)
+        if y.dtype.kind == "O":  # numbers held as Python objects
+            try:
+                y = y.astype(float)
+            except (TypeError, ValueError):
+                raise invalid("y", "real targets", "non-numeric values") from None
+        self._solve(X, y, "squared")
+        self._target_ndim = y.ndim
+        return self
+
+    def predict(self, X):
+        """Predictions on ``X`` (N, n, d), in the shape of the targets of ``fit``."""
+        out = self._outputs(X)
+        if self._target_ndim == 1:
+            return out[:, 0]
+        if self._target_ndim == 3:
+            return out.reshape(out.shape[0], np.shape(X)[1], -1)
+        return out
+
+    def score(self, X, y, sample_weight=None):
+        """R^2 of the predictions (averaged over outputs, as scikit-learn's ``r2_score``)."""
+        y, pred = np.asarray(y, dtype=float), self.predict(X)
+        if y.ndim == 3:
+            y, pred = y.reshape(len(y), -1), pred.reshape(len(pred), -1)
+        return r2_score(y, pred, sample_weight=sample_weight)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = str(getattr(self, "program", "mhsa")) != "8"  # (8): scalar output
+        return tags
+
+
+class _Classifier(ClassifierMixin, _ConvexEstimator):
+    def fit(self, X, y):
+        """Fit on ``X`` (N, n, d) and labels ``y`` (N,) of any kind (ints, strings, ...).
+
+        The labels are mapped to the loss's encoding: ``classes_[0] -> -1``, ``classes_[1] -> +1``
+        for the logistic loss (two classes), ``classes_[k] -> k`` for cross-entropy. Returns self."""
+        loss = check_choice("loss", self.loss, ("logistic", "cross_entropy"))
+        y = _targets(y)
+        if y.ndim != 1:
+            raise invalid("y", "labels of shape (N,)", f"shape {y.shape}", "pass one label per sample")
+        if y.dtype.kind == "f":
+            if not np.all(np.isfinite(y)):
+                raise invalid("y", "finite labels", "NaN/Inf entries", "remove those samples")
+            if np.any(y != np.round(y)):
+                raise invalid("y", "class labels", "continuous values (non-integer floats)",
+                              "use a regressor for real targets")
+        try:
+            classes, index = np.unique(y, return_inverse=True)
+        except TypeError:
+            raise invalid("y", "labels of one sortable type", "labels of mixed types") from None
+        k = len(classes)
+        if k < 2:
+            raise invalid("y", "at least 2 classes", f"{k} class", "a classifier needs two labels or more")
+        if loss == "logistic" and k != 2:
+            raise invalid("y", "2 classes for loss='logistic'", f"{k} classes", "use loss='cross_entropy'")
+        if loss == "logistic":
+            self._solve(X, 2.0 * index - 1.0, loss)
+        else:
+            self._solve(X, index, loss, n_classes=k)
+        self.classes_ = classes
+        return self
+
+    def decision_function(self, X):
+        """Scores on ``X`` (N, n, d): (N,) for two classes (positive: ``classes_[1]``), else (N, c)."""
+        out = self._outputs(X)
+        if out.shape[1] == 1:
+            return out[:, 0]
+        return out[:, 1] - out[:, 0] if out.shape[1] == 2 else out
+
+    def predict_proba(self, X):
+        """Class probabilities (N, len(classes_)): the sigmoid (logistic) or softmax (cross-entropy)
+        of the program's outputs."""
+        out = self._outputs(X)
+        if out.shape[1] == 1:
+            p = 0.5 * (1.0 + np.tanh(0.5 * out[:, 0]))  # the sigmoid, without overflow
+            return np.column_stack([1.0 - p, p])
+        e = np.exp(out - out.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def predict(self, X):
+        """Labels (from ``classes_``): the sign of the output (logistic; 0 counts as ``classes_[1]``,
+        as the loss's accuracy counts it) or its argmax (cross-entropy)."""
+        out = self._outputs(X)
+        index = (out[:, 0] >= 0).astype(int) if out.shape[1] == 1 else np.argmax(out, axis=1)
+        return self.classes_[index]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = self.loss != "logistic"
+        return tags
+
+
+_PARAMETERS = """\
+    beta : float > 0 or None
+        Regularization weight of the summed objective (docs/conventions.md).
+    beta_frac : float > 0 or None
+        beta = beta_frac * beta_max of the training data; used when ``beta`` is None (default 0.1
+        when both are None). beta_frac >= 1 gives Z = 0.
+    solver : {"clarabel", "scs", "fista"}
+    tol : float in (0, 1), the relative duality gap to certify
+    refine : True, False or "auto", the verifier's refined dual point (:func:`cvxtransformer.certify`)
+"""
+_GATES = """\
+    gates : int >= 1, number h of gates of program (12) (ignored by (8) and (10))
+    gate_seed : int, seed of the gates U1 (h, n), U2 (h, d) of program (12), sampled in ``fit``
+"""
+_ATTRIBUTES = """
+    Attributes
+    ----------
+    coef_ : ndarray, Z in the program's shape: (n, d) for (8), (c, n, d) for (10), (h, c, n, d) for
+        (12), (d^2, dc) for "mhsa"
+    certificate_ : Certificate recomputed by the verifier (relative gap, KKT residuals, heads...)
+    dual_gap_ : float, the duality gap P(Z) - D(V) of the certificate
+    n_iter_ : int, the solver's iterations (0 when beta >= beta_max: Z = 0 without a solve)
+    beta_, beta_max_ : float, the beta used and beta_max of the training data
+    problem_ : the ConvexProblem solved (its program holds the gates); ``ct.recover_weights(problem_,
+        coef_)`` gives the nonconvex network's weights
+    solver_status_ : str, the solver's own status (reported, never trusted)
+"""
+
+
+class AttentionRegressor(_Regressor):
+    __doc__ = """Group-lasso attention program (8), (10) or (12) with the squared loss.
+
+    Parameters
+    ----------
+    program : {8, 10, 12}
+        8: scalar output (y of shape (N,)); 10: c outputs; 12: with a gated-ReLU FCN.
+""" + _PARAMETERS + _GATES + _ATTRIBUTES
+
+    def __init__(self, program=10, beta=None, beta_frac=None, gates=8, gate_seed=0, solver="clarabel", tol=1e-6,
+                 refine="auto"):
+        self.program, self.beta, self.beta_frac, self.gates, self.gate_seed = program, beta, beta_frac, gates, gate_seed
+        self.solver, self.tol, self.refine = solver, tol, refine
+
+
+class AttentionClassifier(_Classifier):
+    __doc__ = """Group-lasso attention program (8), (10) or (12) with the logistic or cross-entropy loss.
+
+    Parameters
+    ----------
+    program : {8, 10, 12} (program (8) takes the logistic loss only)
+    loss : {"cross_entropy", "logistic"} (logistic: two classes)
+""" + _PARAMETERS + _GATES + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
+"""
+
+    def __init__(self, program=10, loss="cross_entropy", beta=None, beta_frac=None, gates=8, gate_seed=0,
+                 solver="clarabel", tol=1e-6, refine="auto"):
+        self.program, self.loss, self.beta, self.beta_frac = program, loss, beta, beta_frac
+        self.gates, self.gate_seed, self.solver, self.tol, self.refine = gates, gate_seed, solver, tol, refine
+
+
+class MHSARegressor(_Regressor):
+    __doc__ = """Nuclear-norm program of linear multi-head self-attention (``"mhsa"``), squared loss.
+
+    Targets (N, n, c) are per token; (N,) and (N, c) are per sequence (mean-pooled output). New X
+    may have another number of tokens n.
+
+    Parameters
+    ----------
+""" + _PARAMETERS + _ATTRIBUTES
+    _programs = ("mhsa",)
+
+    def __init__(self, beta=None, beta_frac=None, solver="clarabel", tol=1e-6, refine="auto"):
+        self.beta, self.beta_frac, self.solver, self.tol, self.refine = beta, beta_frac, solver, tol, refine
+
+
+class MHSAClassifier(_Classifier):
+    __doc__ = """Nuclear-norm program of linear multi-head self-attention (``"mhsa"``), logistic or
+    cross-entropy loss on the mean-pooled output.
+
+    Parameters
+    ----------
+    loss : {"cross_entropy", "logistic"} (logistic: two classes)
+""" + _PARAMETERS + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
+"""
+    _programs = ("mhsa",)
+
+    def __init__(self, loss="cross_entropy", beta=None, beta_frac=None, solver="clarabel", tol=1e-6, refine="auto"):
+        self.loss, self.beta, self.beta_frac, self.solver, self.tol, self.refine = \
+            loss, beta, beta_frac, solver, tol, refine
