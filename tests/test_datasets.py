@@ -1,13 +1,11 @@
-"""Data sets: documented shapes, labels and split sizes, determinism under a seed."""
+"""Data sets: documented shapes, labels and split sizes, determinism under a seed (BERT: tests/test_bert_data.py)."""
 import math
-import sys
 
 import numpy as np
 import pytest
 
 import cvxtransformer as ct
-from cvxtransformer.datasets import (bert_student_teacher, modular_division, periodicity,
-                                     save_bert_student_teacher, student_teacher)
+from cvxtransformer.datasets import modular_division, periodicity, student_teacher
 
 
 # ----------------------------------------------------------------------------- student-teacher
@@ -98,81 +96,3 @@ def test_algorithmic_data_feeds_the_cross_entropy_program():
 def test_algorithmic_errors(call, match):
     with pytest.raises(ct.InvalidInputError, match=match):
         call()
-
-
-# ----------------------------------------------------------------------------- BERT
-WORDS = "the a cat dog sat on mat was is happy sad ran . it he she".split()
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    """A 2-layer BERT with random weights and a tiny vocabulary, saved as a local model directory."""
-    transformers = pytest.importorskip("transformers")  # CI installs it (extra "bert"): runs there
-    import torch
-
-    path = tmp_path_factory.mktemp("tiny-bert")
-    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
-    config = transformers.BertConfig(vocab_size=5 + len(WORDS), hidden_size=16, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)
-    torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(str(path))
-    return path
-
-
-PAIRS = [("the cat sat", "on the mat"), ("a dog ran", "it was happy ."), ("he is sad", "she is happy"),
-         ("the dog sat on the mat", "the cat ran")]
-
-
-def test_bert_activations_from_a_local_model(tiny_bert):
-    import torch
-    import transformers
-
-    X, Y = bert_student_teacher(PAIRS, model=tiny_bert, layer=2, max_length=10)
-    assert X.shape == Y.shape == (4, 10, 16) and X.dtype == np.float64
-    # They are the hidden states around layer 2, computed here directly.
-    model = transformers.AutoModel.from_pretrained(str(tiny_bert)).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_bert))
-    enc = tok([a for a, _ in PAIRS], [b for _, b in PAIRS], padding="max_length", truncation=True,
-              max_length=10, return_tensors="pt")
-    assert enc["input_ids"][0, 1].item() == 5 + WORDS.index("the")  # real words, not [UNK]
-    with torch.no_grad():
-        hidden = model(**enc, output_hidden_states=True).hidden_states
-    np.testing.assert_allclose(X, hidden[1].double().numpy(), atol=1e-6)
-    np.testing.assert_allclose(Y, hidden[2].double().numpy(), atol=1e-6)
-    # Deterministic, and [CLS] read-out without sequence targets.
-    X2, Y0 = bert_student_teacher(PAIRS, model=tiny_bert, layer=2, max_length=10, sequence=False)
-    np.testing.assert_array_equal(X, X2)
-    np.testing.assert_array_equal(Y0, Y[:, 0])
-
-
-def test_bert_projection_and_npz(tiny_bert, tmp_path):
-    X, Y = bert_student_teacher(PAIRS, model=tiny_bert, layer=1, max_length=8, project_dim=3, seed=1)
-    assert X.shape == Y.shape == (4, 8, 3)
-    out = tmp_path / "bert.npz"
-    arrays = save_bert_student_teacher(out, PAIRS[:3], PAIRS[3:], model=tiny_bert, layer=1, max_length=8,
-                                       project_dim=3, seed=1)
-    with np.load(out) as f:
-        assert sorted(f.files) == ["X", "X_test", "y", "y_test"]
-        assert f["X"].shape == (3, 8, 3) and f["y_test"].shape == (1, 8, 3)
-        np.testing.assert_allclose(f["X"], X[:3], atol=1e-12)
-        np.testing.assert_array_equal(f["y"], arrays["y"])
-    # The file is a DATA.npz for program (10) with sequence targets.
-    problem = ct.make_problem(arrays["X"], arrays["y"], program=10, loss="squared", beta=1.0)
-    assert problem.T.shape == (3, 8 * 3)
-
-
-def test_bert_errors(tiny_bert):
-    with pytest.raises(ct.InvalidInputError, match=r"layer: expected an integer in \[1, 2\]"):
-        bert_student_teacher(PAIRS, model=tiny_bert, layer=3)
-    with pytest.raises(ct.InvalidInputError, match="project_dim"):
-        bert_student_teacher(PAIRS, model=tiny_bert, layer=1, project_dim=17)
-    with pytest.raises(ct.InvalidInputError, match="sentence_pairs: expected at least one"):
-        bert_student_teacher([], model=tiny_bert)
-    with pytest.raises(ct.InvalidInputError, match="model: expected a Hugging Face BERT model name"):
-        bert_student_teacher(PAIRS, model=str(tiny_bert / "missing"))
-
-
-def test_bert_without_transformers_says_what_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(ct.MissingDependencyError, match="pip install"):
-        bert_student_teacher(PAIRS, model="bert-base-uncased")

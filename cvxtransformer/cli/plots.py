@@ -1,12 +1,14 @@
 """PNG plots of ``cvxtransformer compare`` (matplotlib, Agg backend), written atomically.
 
-* :func:`plot_objective`: objective against training time for every network run, the certified
-  optimum of each convex program as a horizontal line, and the certified gap ``objective - D(V)``
-  of the runs that the bound covers;
+* :func:`plot_objective`: objective (and training loss) against training time for every network
+  run, the certified optimum of each convex program as a horizontal line, and the certified gap
+  ``objective - D(V)`` of the runs that the bound covers;
 * :func:`plot_test_loss`: test loss against time, the convex solution's as a line;
 * :func:`plot_attention`: attention maps side by side, one row per output token;
 * :func:`plot_singular_values`: singular values of the convex solution of program (6) against
-  those of the networks' effective coefficients.
+  those of the networks' effective coefficients;
+* :func:`plot_tuning`: validation loss over the tuning grid of ``compare --tune``;
+* :func:`attention_distance`: how far an attention map is from the teacher's.
 
 Legends use the command line's names (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``).
 Attention maps are arrays of shape (rows, n): row t is the weight of every input token k in output
@@ -16,13 +18,16 @@ token t. :func:`convex_attention_map` makes one from a convex solution: the grou
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.colors  # noqa: E402
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import LogLocator  # noqa: E402
+from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
 
 from ..core.io import save_figure  # noqa: E402
 
-COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue"}
+COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
+          "convex": "tab:cyan"}
 CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green"}
 
 
@@ -50,17 +55,25 @@ def _style(i):
 def _log_time_axis(ax):
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(numticks=6))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("training time (s)")
 
 
 def plot_objective(runs, convex, path, title=""):
-    """Objective and certified gap against time.
+    """Objective, training loss and certified gap against time.
 
-    runs : dict name -> dict(model, seconds=(S+1,), objective=(S+1,), lower_bound=float or None)
+    runs : dict name -> dict(model, seconds=(S+1,), objective=(S+1,), lower_bound=float or None,
+        and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples)
         (``lower_bound`` is D(V) of the convex program that bounds this network, None for (3))
-    convex : dict program -> dict(primal_objective, dual_objective)
+    convex : dict program -> dict(primal_objective, dual_objective, optionally loss_sum, label)
+
+    With ``loss_sum`` a middle panel shows the training loss alone: unlike the objectives, whose
+    regularisers differ between (3) and the convex family (and with the beta of each model when
+    tuned), it is the same function for every model.
     """
-    fig, (ax, ax_gap) = plt.subplots(1, 2, figsize=(11, 4.2))
+    with_loss = any("loss_sum" in run for run in runs.values())
+    fig, axes = plt.subplots(1, 3 if with_loss else 2, figsize=(16.5 if with_loss else 11, 4.2))
+    ax, ax_gap = axes[0], axes[-1]
     seen = {}
     for name, run in runs.items():
         t, objective = np.asarray(run["seconds"]), np.asarray(run["objective"])
@@ -68,27 +81,96 @@ def plot_objective(runs, convex, path, title=""):
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
         style = dict(color=COLORS.get(run["model"]), ls=_style(i), label=name)
         ax.plot(t, objective, **style)
+        if with_loss and "loss_sum" in run:
+            te, loss = np.asarray(run["eval_seconds"]), np.asarray(run["loss_sum"])
+            axes[1].plot(te[te > 0], loss[te > 0], **style)
         if run.get("lower_bound") is not None:
             gap = objective - run["lower_bound"]
             ax_gap.plot(t, np.maximum(gap, _positive_floor(gap)), **style)
     for program, cv in convex.items():
-        ax.axhline(cv["primal_objective"], color=CONVEX_COLORS.get(program, "tab:green"), ls=(0, (4, 2)), lw=1.2,
-                   label=f"convex ({program}) optimum P(Z*), certified")
+        style = dict(color=CONVEX_COLORS.get(program, "tab:green"), ls=(0, (4, 2)), lw=1.2)
+        ax.axhline(cv["primal_objective"], label=cv.get("label", f"convex ({program}) optimum P(Z*), certified"),
+                   **style)
+        if with_loss and cv.get("loss_sum") is not None:
+            axes[1].axhline(cv["loss_sum"], label=f"convex ({program}), exact", **style)
     _log_time_axis(ax)
     ax.set_yscale("log")
-    ax.set_ylabel("objective (sum of losses + weight decay)")
+    ax.set_ylabel("objective (sum of losses + regulariser)")
     ax.set_title(title or "Objective against time")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    if with_loss:
+        _log_time_axis(axes[1])
+        axes[1].set_yscale("log")
+        axes[1].set_ylabel("training loss (sum over samples)")
+        axes[1].set_title("Training loss alone (comparable across models)")
+        axes[1].legend(fontsize=7)
     _log_time_axis(ax_gap)
     ax_gap.set_yscale("log")
     ax_gap.set_ylabel("certified gap: objective - D(V)")
-    ax_gap.set_title("Certified optimality gap of the networks the bound covers")
+    ax_gap.set_title("Certified optimality gap of the models the bound covers", fontsize=10)
     if ax_gap.lines:
-        ax_gap.legend(fontsize=8)
+        ax_gap.legend(fontsize=7)
     else:
         ax_gap.text(0.5, 0.5, "no network covered by the bound", ha="center", transform=ax_gap.transAxes)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def plot_tuning(grids, convex, path):
+    """Validation loss over the tuning grid: one heatmap per model (learning rate x beta, the choice
+    boxed) and the exact convex solutions' validation loss against beta.
+
+    grids : dict name -> dict(lr=(L,), beta_frac=(B,), loss=(L, B) validation losses (NaN: diverged),
+        chosen=(i, j))
+    convex : dict program -> dict(beta_frac=(B,), loss=(B,), chosen=j)
+    """
+    fig, axes = plt.subplots(1, len(grids) + 1, figsize=(4.2 * (len(grids) + 1), 3.8), squeeze=False,
+                             layout="constrained")
+    finite = [v for g in grids.values() for v in np.ravel(g["loss"]) if np.isfinite(v)]
+    finite += [v for c in convex.values() for v in c["loss"] if np.isfinite(v)]
+    vmin, vmax = (min(finite), max(finite)) if finite else (1.0, 10.0)
+    norm = matplotlib.colors.LogNorm(vmin=max(vmin, 1e-300), vmax=max(vmax, vmin * 1.0001, 1e-300))
+    ax = axes[0, 0]
+    for program, c in convex.items():
+        ax.semilogx(c["beta_frac"], c["loss"], "o-", color=CONVEX_COLORS.get(program, "tab:green"),
+                    label=f"convex ({program}), exact")
+        ax.plot(c["beta_frac"][c["chosen"]], c["loss"][c["chosen"]], "s", ms=11, mfc="none", mec="red", mew=2)
+    ax.set_xlabel("beta / beta_max")
+    ax.set_ylabel("validation loss per sample")
+    ax.set_title("exact convex solutions", fontsize=9)
+    ax.legend(fontsize=8)
+    for ax, (name, g) in zip(axes[0, 1:], grids.items()):
+        loss = np.asarray(g["loss"], dtype=float)
+        im = ax.imshow(np.where(np.isfinite(loss), loss, np.nan), cmap="viridis_r", norm=norm, aspect="auto")
+        for (i, j), v in np.ndenumerate(loss):
+            ax.text(j, i, "div." if not np.isfinite(v) else f"{v:.3g}", ha="center", va="center", fontsize=7,
+                    color="white" if np.isfinite(v) and v > np.sqrt(vmin * vmax) else "black")
+        i, j = g["chosen"]
+        ax.add_patch(matplotlib.patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
+        ax.set_xticks(range(len(g["beta_frac"])), [f"{f:g}" for f in g["beta_frac"]])
+        ax.set_yticks(range(len(g["lr"])), [f"{v:g}" for v in g["lr"]])
+        ax.set_xlabel("beta / beta_max")
+        ax.set_ylabel("learning rate")
+        ax.set_title(name, fontsize=9)
+    if grids:
+        fig.colorbar(im, ax=axes[0, 1:].tolist(), fraction=0.02, pad=0.01, label="validation loss per sample")
+    fig.suptitle("Tuning on the validation split (red: chosen)", fontsize=10)
+    save_figure(fig, path)
+
+
+def attention_distance(M, teacher):
+    """Mean over output tokens of the total-variation distance between the rows of two maps,
+    each row divided by its sum: 0 for the same shares, 1 for disjoint supports.
+
+    >>> attention_distance(np.eye(2), np.eye(2)), attention_distance(np.eye(2), np.ones((2, 2)))
+    (0.0, 0.5)
+    """
+    def shares(A):
+        A = np.abs(np.asarray(A, dtype=float))
+        sums = A.sum(axis=1, keepdims=True)
+        return np.divide(A, sums, out=np.full_like(A, 1.0 / A.shape[1]), where=sums > 0)
+
+    return float(np.mean(0.5 * np.abs(shares(M) - shares(teacher)).sum(axis=1)))
 
 
 def plot_test_loss(runs, convex, path):
@@ -102,7 +184,7 @@ def plot_test_loss(runs, convex, path):
         ax.plot(t[t > 0], loss[t > 0], color=COLORS.get(run["model"]), ls=_style(i), label=name)
     for program, cv in convex.items():
         ax.axhline(cv["test_loss"], color=CONVEX_COLORS.get(program, "tab:green"), ls=(0, (4, 2)),
-                   label=f"convex ({program})")
+                   label=cv.get("label", f"convex ({program})"))
     _log_time_axis(ax)
     ax.set_yscale("log")
     ax.set_ylabel("test loss per sample")
