@@ -1,29 +1,40 @@
-"""Collect the full runs of docs/reproduction.md into the docs: figures and a table of numbers.
+"""Collect the full runs of docs/reproduction.md into the docs: figures and tables of numbers.
 
     python benchmarks/reproduction_report.py --runs runs
 
-reads the output folders of the committed commands (``RUNS/grok``, ``RUNS/grok_variants``,
-``RUNS/grok_mod15_frac0.8``, ``RUNS/kernel``, ``RUNS/spectral``, ``RUNS/spectral_periodicity``),
-copies their figures to ``DOCS/figures/reproduction/`` and writes ``DOCS/reproduction_numbers.md``
-(``--docs``, default ``docs/``): one row per run (steps to 99% train and test accuracy, grokking,
-final and best accuracies, steps per second, training and wall time), the claims as the commands
-evaluated them, and the effective-rank summaries of the spectral runs and of every run that
-generalised. Nothing is retrained; a folder that is missing is reported as missing.
+reads the output folders of the committed commands under ``RUNS`` (see :data:`EXPERIMENTS`),
+copies their figures to ``DOCS/figures/reproduction/<experiment>_*.png`` and writes
+``DOCS/reproduction_numbers.md`` (``--docs``, default ``docs/``):
+
+* experiments of several seeds (``grok-ladder``, ``grok-suite --seeds``): per setting the mean,
+  standard deviation and range over the seeds of the final test accuracy (all rows, ``x != 0``,
+  ``x = 0``), the mean rank of the true label and the first step with 99% test accuracy; then one
+  row per run with its Wilson 95% interval; the claims as the command evaluated them;
+* ``grok-gates``: one row per gate set and beta (certified relative gap, accuracies, the operand
+  evidence of the true label), and the mean over gate seeds;
+* the single-seed experiments of issue 5: one row per run, the claims and effective ranks.
+
+Nothing is retrained. An experiment whose folder is missing keeps the section it had in the
+previous ``reproduction_numbers.md`` (marked as such) and its figures; without one, it is
+reported as missing.
 """
 import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 
 import torch
 
 from cvxtransformer.experiments.spectra import rank_summary
+from cvxtransformer.experiments.stats import aggregate, fmt_mean
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
-EXPERIMENTS = ("grok", "grok_variants", "grok_mod15_frac0.8", "kernel", "spectral", "spectral_periodicity")
+EXPERIMENTS = ("ladder", "gates", "grok_L2", "grok_mod15", "mod15_readings",  # issue 12: several seeds
+               "grok", "grok_variants", "grok_mod15_frac0.8", "kernel", "spectral", "spectral_periodicity")
 
 
 def _fmt(v, digits=4):
@@ -36,48 +47,111 @@ def _fmt(v, digits=4):
     return str(v)
 
 
+def _num(v, digits=3):
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def _ci(pair):
+    return "" if not pair else f" [{pair[0]:.3f}, {pair[1]:.3f}]"
+
+
 def _load(path):
     with open(path) as f:
         return json.load(f)
 
 
 def run_rows(folder):
-    """(name, metrics) of every run folder below ``folder`` (one level), sorted by name."""
+    """(name, metrics) of every run below ``folder`` (any depth; name: the relative folder), sorted."""
     out = []
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name, "metrics.json")
-        if os.path.exists(path):
-            out.append((name, _load(path)))
-    return out
+    for root, _, files in os.walk(folder):
+        if "metrics.json" in files:
+            out.append((os.path.relpath(root, folder).replace(os.sep, "/"), _load(os.path.join(root, "metrics.json"))))
+    return sorted(out)
 
 
 def table(runs):
-    head = ("| run | task | p | L | model | status | steps | 99% train | 99% test | grokking | final train acc | "
-            "final test acc | best test acc | final test loss | steps/s | train time | wall time |")
+    """One row per run (single seeds: the issue-5 layout, with the x != 0 accuracy when recorded)."""
+    head = ("| run | task | p | L | model | seed | status | steps | 99% train | 99% test | final train acc | "
+            "final test acc [95% CI] | x != 0 | x = 0 | mean rank | final test loss | steps/s | wall time |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, m in runs:
         c = m["config"]
         model = m["label"].split(" ")[0]
         lines.append(
-            f"| `{name}` | {c['task']} | {c['modulus']} | {c['layers']} | {model} | {m['status']} | "
+            f"| `{name}` | {c['task']} | {c['modulus']} | {c['layers']} | {model} | {c['seed']} | {m['status']} | "
             f"{m['steps_done']} | {_fmt(m['steps_to_99_train'])} | {_fmt(m['steps_to_99_test'])} | "
-            f"{_fmt(m['grokking_steps'])} | {_fmt(m['final_train_accuracy'], 3)} | "
-            f"{_fmt(m['final_test_accuracy'], 3)} | {_fmt(m['best_test_accuracy'], 3)} | "
-            f"{_fmt(m['final_test_loss'], 3)} | {m['steps_per_second'] or 0:.1f} | {m['train_seconds'] / 60:.1f} min | "
-            f"{m['wall_seconds'] / 60:.1f} min |")
+            f"{_fmt(m['final_train_accuracy'], 3)} | {_fmt(m['final_test_accuracy'], 3)}"
+            f"{_ci(m.get('final_test_accuracy_ci95'))} | {_num(m.get('final_test_accuracy_nonzero'))} | "
+            f"{_num(m.get('final_test_accuracy_zero'))} | {_num(m.get('true_label_mean_rank'), 1)} | "
+            f"{_fmt(m['final_test_loss'], 3)} | {m['steps_per_second'] or 0:.1f} | {m['wall_seconds'] / 60:.1f} min |")
     return lines
+
+
+def aggregate_table(aggregates):
+    """Per setting, over its seeds: mean ± standard deviation (min-max)."""
+    head = ("| setting | seeds | reached 99% test | first step with 99% test | final test acc | x != 0 | x = 0 | "
+            "mean rank of the true label | final train acc | steps done | wall time per run (min) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, a in aggregates.items():
+        wall = dict(a["wall_seconds"], values=[])
+        lines.append(
+            f"| `{name}` | {', '.join(map(str, a['seeds']))} | {a['reached_99_test']} | "
+            f"{fmt_mean(a['steps_to_99_test'], 0)} | {fmt_mean(a['final_test_accuracy'])} | "
+            f"{fmt_mean(a['final_test_accuracy_nonzero'])} | {fmt_mean(a['final_test_accuracy_zero'])} | "
+            f"{fmt_mean(a['true_label_mean_rank'], 1)} | {fmt_mean(a['final_train_accuracy'])} | "
+            f"{fmt_mean(a['steps_done'], 0)} | {fmt_mean(wall, 1, 1 / 60)} |")
+    return lines
+
+
+def gates_tables(summary):
+    """The rows of ``grok-gates`` and their means over gate seeds."""
+    lines = []
+    for t in summary.get("teachers", [summary["teacher"]]):
+        lines.append(f"- Teacher: relu run of {t['task']}, seed {t['config']['seed']}, {t['neurons']} neurons, "
+                     f"{t['steps_done']} steps, final test accuracy {t['final_test_accuracy']:.3f} (x != 0: "
+                     f"{_num(t['final_test_accuracy_nonzero'])}); its activation pattern equals the bilinear gate "
+                     f"mask on {100 * t['mask_agreement']:.2f}% of (sample, neuron) pairs.")
+    lines += ["", f"Solver: `fista` along each path of beta (warm starts, gap-safe screening), tol = "
+              f"{summary['tol']:g}, budget per point {summary['options']}; every point certified by the verifier.", ""]
+    head = ("| gates | h | seed | beta / beta_max | relative gap | certified | iterations | seconds | train acc | "
+            "test acc [95% CI] | x != 0 [95% CI] | x = 0 | mean rank | operand evidence of the true label "
+            "(mean; fraction > 0) | pruned teacher, x != 0 |")
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in summary["rows"]:
+        lines.append(
+            f"| {r['kind']} | {r['h']} | {r['seed']} | {r['beta_fraction']:g} | {r['relative_gap']:.1e} | "
+            f"{_fmt(r['certified'])} | {r['iterations']} | {r['seconds']:.0f} | {r['train_accuracy']:.3f} | "
+            f"{r['final_test_accuracy']:.3f}{_ci(r['final_test_accuracy_ci95'])} | "
+            f"{_num(r['final_test_accuracy_nonzero'])}{_ci(r.get('final_test_accuracy_nonzero_ci95'))} | "
+            f"{_num(r['final_test_accuracy_zero'])} | {r['true_label_mean_rank']:.1f} | "
+            f"{_num(r['true_label_operand_evidence'])}; {_num(r['operand_evidence_positive_fraction'])} | "
+            f"{_num(r.get('teacher_accuracy_nonzero'))} |")
+    groups = {}
+    for r in summary["rows"]:
+        groups.setdefault((r["kind"], r["h"], r["beta_fraction"]), []).append(r)
+    if any(len(rs) > 1 for rs in groups.values()):
+        lines += ["", "Mean ± standard deviation (min-max) over the gate seeds (oracle: over teachers):", "",
+                  "| gates | h | beta / beta_max | seeds | certified | train acc | test acc, x != 0 | mean rank |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for (kind, h, f), rs in groups.items():
+            lines.append(f"| {kind} | {h} | {f:g} | {len(rs)} | {sum(r['certified'] for r in rs)}/{len(rs)} | "
+                         f"{fmt_mean(aggregate([r['train_accuracy'] for r in rs]))} | "
+                         f"{fmt_mean(aggregate([r['final_test_accuracy_nonzero'] for r in rs]))} | "
+                         f"{fmt_mean(aggregate([r['true_label_mean_rank'] for r in rs]), 1)} |")
+    return lines + [""]
 
 
 def settings_line(runs):
     """The settings the runs share (taken from the first run; differences are listed per key)."""
-    keys = ("dim", "gates", "heads", "lr", "beta", "weight_decay", "batch_size", "train_fraction", "seed", "threads")
+    keys = ("dim", "gates", "heads", "hidden", "lr", "beta", "weight_decay", "batch_size", "train_fraction", "seed",
+            "threads")
     parts = []
     for k in keys:
-        values = sorted({"default" if m["config"][k] is None else json.dumps(m["config"][k]) for _, m in runs})
+        values = sorted({"default" if m["config"].get(k) is None else json.dumps(m["config"][k]) for _, m in runs})
         parts.append(f"{k} = {' / '.join(values)}")
     betas = sorted({m["beta"] for _, m in runs if m.get("beta") is not None})
     if betas:
-        parts.append("beta used (summed objective) = " + " / ".join(f"{b:g}" for b in betas))
+        parts.append("beta used = " + " / ".join(f"{b:g}" for b in betas))
     return "Settings: " + ", ".join(parts) + "."
 
 
@@ -98,6 +172,12 @@ def rank_table(ranks):
     return lines + [""]
 
 
+def owner(filename):
+    """The experiment whose figure ``filename`` is (the longest matching prefix), or None."""
+    names = [e for e in EXPERIMENTS if filename.startswith(e + "_")]
+    return max(names, key=len) if names else None
+
+
 def copy_figures(folder, prefix, figures, docs):
     """Copy the experiment's own figures and each run's ``spectrum.png`` (the per-run accuracy and
     loss plots repeat what the experiment's figures show)."""
@@ -112,12 +192,55 @@ def copy_figures(folder, prefix, figures, docs):
     return copied
 
 
+def previous_sections(report):
+    """The sections ``## name`` of an existing report, {name: lines}."""
+    if not os.path.exists(report):
+        return {}
+    sections, name = {}, None
+    with open(report) as f:
+        for line in f.read().splitlines():
+            m = re.match(r"^## (\S+)$", line)
+            if m:
+                name = m.group(1)
+                sections[name] = []
+            elif name is not None:
+                sections[name].append(line)
+    return sections
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+def section(folder, experiment, figures, docs):
+    """The lines of one experiment's section (its figures are copied)."""
+    lines = []
+    summary = _load(os.path.join(folder, "summary.json")) if os.path.exists(os.path.join(folder, "summary.json")) \
+        else {}
+    if "teacher" in summary:
+        lines += gates_tables(summary)
+    else:
+        runs = run_rows(folder)
+        lines += [settings_line(runs) if runs else "No finished run.", ""]
+        if summary.get("aggregates"):
+            lines += ["Per setting, over its seeds: mean ± standard deviation (min-max); the first step with 99% "
+                      "test accuracy over the seeds that reached it.", ""]
+            lines += aggregate_table(summary["aggregates"]) + ["", "Every run:", ""]
+        lines += table(runs) + [""]
+        if summary.get("claims"):
+            lines += ["Claims as the command evaluated them (null: the runs needed are missing or not every seed "
+                      "reached 99%):", ""]
+            lines += [f"- `{k}`: {'null' if v is None else _fmt(v)}" for k, v in summary["claims"].items()] + [""]
+        ranks = summary.get("effective_rank") or {}
+        if not ranks and not summary.get("aggregates"):  # the runs that generalised (where collapse is defined)
+            ranks = {name: rank_summary(m) for name, m in runs if m["steps_to_99_test"] is not None}
+        lines += rank_table(ranks)
+    copied = copy_figures(folder, experiment, figures, docs)
+    return lines + ["Figures: " + ", ".join(f"[{os.path.basename(f)}]({f})" for f in copied), ""]
 
 
 def main(argv=None):
@@ -127,41 +250,32 @@ def main(argv=None):
     args = parser.parse_args(argv)
     report = os.path.join(args.docs, "reproduction_numbers.md")
     figures = os.path.join(args.docs, "figures", "reproduction")
-    shutil.rmtree(figures, ignore_errors=True)  # only this script writes there
-    os.makedirs(figures)
+    found = [e for e in EXPERIMENTS if os.path.isdir(os.path.join(args.runs, e))]
+    previous = previous_sections(report)
+    os.makedirs(figures, exist_ok=True)
+    for file in os.listdir(figures):  # only this script writes there: replace the figures of what is rerun
+        if owner(file) in found or owner(file) is None:
+            os.remove(os.path.join(figures, file))
     lines = ["# Reproduction: measured numbers", "",
              "Written by `python benchmarks/reproduction_report.py --runs runs` from the output folders of the",
              "commands in [reproduction.md](reproduction.md); the narrative and the verdicts are there.",
              f"Machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
-             f"{torch.__version__}; every run used one torch thread, up to two runs at a time.", ""]
-    found = 0
+             f"{torch.__version__}; every run used one torch thread.", ""]
     for experiment in EXPERIMENTS:
         folder = os.path.join(args.runs, experiment)
-        if not os.path.isdir(folder):
-            lines += [f"## {experiment}", "", f"Missing: no folder `{folder}`.", ""]
-            continue
-        found += 1
-        runs = run_rows(folder)
-        lines += [f"## {experiment}", "", settings_line(runs) if runs else "No finished run.", ""]
-        lines += table(runs) + [""]
-        ranks = {}
-        summary = os.path.join(folder, "summary.json")
-        if os.path.exists(summary):
-            s = _load(summary)
-            if s.get("claims"):
-                lines += ["Claims as the command evaluated them (null: the runs needed are missing or none "
-                          "reached 99%):", ""]
-                lines += [f"- `{k}`: {'null' if v is None else _fmt(v)}" for k, v in s["claims"].items()] + [""]
-            ranks = s.get("effective_rank") or {}
-        if not ranks:  # the other experiments: the runs that generalised (where collapse is defined)
-            ranks = {name: rank_summary(m) for name, m in runs if m["steps_to_99_test"] is not None}
-        lines += rank_table(ranks)
-        copied = copy_figures(folder, experiment, figures, args.docs)
-        lines += ["Figures: " + ", ".join(f"[{os.path.basename(f)}]({f})" for f in copied), ""]
+        lines += [f"## {experiment}", ""]
+        if experiment in found:
+            lines += section(folder, experiment, figures, args.docs)
+        elif experiment in previous:
+            body = [line for line in previous[experiment] if not line.startswith("_Kept from the previous")]
+            lines += [f"_Kept from the previous report: the folder `{experiment}` is not in `{args.runs}` here._"]
+            lines += body if body and body[0] == "" else [""] + body
+        else:
+            lines += [f"Missing: no folder `{folder}`.", ""]
     with open(report + ".tmp", "w") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join(lines).rstrip("\n") + "\n")
     os.replace(report + ".tmp", report)
-    print(f"wrote {report} ({found} experiment folders) and figures in {figures}")
+    print(f"wrote {report} ({len(found)} experiment folders) and figures in {figures}")
     return 0 if found else 1
 
 

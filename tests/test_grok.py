@@ -13,7 +13,9 @@ from cvxtransformer.experiments.suite import claims
 from cvxtransformer.nn.spectral import SpectralTracker, effective_rank, singular_values, stable_rank
 
 METRICS = ("steps_to_99_train", "steps_to_99_test", "grokking_steps", "final_train_accuracy",
-           "final_test_accuracy", "final_test_loss", "curves", "spectral", "config", "status")
+           "final_test_accuracy", "final_test_loss", "curves", "spectral", "config", "status",
+           "final_test_accuracy_nonzero", "final_test_accuracy_zero", "true_label_mean_rank",
+           "final_test_accuracy_ci95")
 PLOTS = ("accuracy.png", "loss.png", "spectrum.png")
 
 
@@ -29,11 +31,18 @@ def check_run_dir(path, layers, model):
     assert 0 <= m["final_test_accuracy"] <= 1 and m["final_test_accuracy"] == curves["test_accuracy"][-1]
     for key in ("steps_to_99_train", "steps_to_99_test"):
         assert m[key] is None or m[key] in curves["step"]
+    low, high = m["final_test_accuracy_ci95"]
+    assert 0 <= low <= m["final_test_accuracy"] <= high <= 1
+    assert m["n_test_nonzero"] + m["n_test_zero"] == m["n_test"]
     names = list(m["spectral"])
-    if model == "convex":
+    if model.startswith("convex"):
         assert names == [f"layer{i + 1}.Z" for i in range(layers)]
-    else:
+    elif model == "standard":
         assert len(names) == 6 * layers + 1
+    elif model == "ucsd":
+        assert len(names) == 3 * layers + 1
+    else:
+        assert names == ["embedding", "W2", "W3"]
     with np.load(os.path.join(path, "spectra.npz")) as f:
         steps = f["steps"]
         assert steps[0] == 0 and steps[-1] == m["steps_done"]
@@ -51,6 +60,9 @@ def check_run_dir(path, layers, model):
     (["--modulus", "97", "--layers", "2", "--model", "convex"], 2, "convex"),
     (["--modulus", "15", "--layers", "1", "--model", "standard"], 1, "standard"),
     (["--task", "periodicity", "--layers", "2", "--kernel-features", "8"], 2, "convex"),
+    (["--modulus", "31", "--model", "convex-learned-gates"], 1, "convex-learned-gates"),
+    (["--modulus", "31", "--model", "relu"], 1, "relu"),
+    (["--modulus", "15", "--model", "ucsd", "--reading", "power"], 1, "ucsd"),
 ])
 def test_grok_quick(tmp_path, capsys, args, layers, model):
     out = str(tmp_path / "run")
@@ -72,7 +84,9 @@ def test_grok_suite_quick(tmp_path, capsys):
     assert {(r["modulus"], r["layers"], r["model"]) for r in s["rows"]} == {
         (p, L, m) for p, L in ((97, 1), (15, 4)) for m in ("convex", "standard")}
     for r in s["rows"]:
-        check_run_dir(os.path.join(out, f"p{r['modulus']}_L{r['layers']}_{r['model']}"), r["layers"], r["model"])
+        check_run_dir(os.path.join(out, f"p{r['modulus']}_L{r['layers']}_{r['model']}", "seed0"), r["layers"],
+                      r["model"])
+    assert set(s["aggregates"]) == {f"p{p}_L{L}_{m}" for p, L in ((97, 1), (15, 4)) for m in ("convex", "standard")}
     assert set(s["figures"]) == {"fig4_mod97_L1.png", "fig5_mod97_L1_L2.png", "fig6_mod15_L1_L4.png",
                                  "fig7_grokking.png"}
     assert all(os.path.getsize(p) > 1000 for p in s["figures"].values())
@@ -92,7 +106,7 @@ def test_kernel_quick(tmp_path):
     check_run_dir(os.path.join(out, "convex_kernel"), 2, "convex")
 
 
-def test_reproduction_report_collects_the_runs(tmp_path, capsys):
+def load_report():
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
@@ -100,6 +114,11 @@ def test_reproduction_report_collects_the_runs(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("reproduction_report", path)
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
+    return report
+
+
+def test_reproduction_report_collects_the_runs(tmp_path, capsys):
+    report = load_report()
     runs, docs = tmp_path / "runs", tmp_path / "docs"
     assert main(["kernel", "--quick", "--out-dir", str(runs / "kernel")]) == 0
     assert report.main(["--runs", str(runs), "--docs", str(docs)]) == 0
@@ -108,7 +127,8 @@ def test_reproduction_report_collects_the_runs(tmp_path, capsys):
         summary = json.load(f)
     for r in summary["rows"]:  # one table row per run, with its numbers
         assert f"| `{r['name']}` | periodicity | 97 | 2 | " in text
-        assert f"| {r['final_test_accuracy']:.3f} | {r['best_test_accuracy']:.3f} |" in text
+        low, high = r["final_test_accuracy_ci95"]
+        assert f"| {r['final_test_accuracy']:.3f} [{low:.3f}, {high:.3f}] |" in text
     claim = summary["claims"]["kernel_helps"]
     assert f"- `kernel_helps`: {'null' if claim is None else str(claim).lower()}" in text
     assert "Missing: no folder" in text and "## grok" in text          # the experiments not run
@@ -116,6 +136,17 @@ def test_reproduction_report_collects_the_runs(tmp_path, capsys):
     assert copied == ["kernel_convex_kernel_spectrum.png", "kernel_convex_spectrum.png", "kernel_kernel_accuracy.png",
                       "kernel_standard_spectrum.png"]
     assert all(f"(figures/reproduction/{name})" in text for name in copied)
+    # a second report without the kernel folder keeps its section and figures, marked as kept
+    (docs / "figures" / "reproduction" / "stray.png").write_bytes(b"x")
+    os.rename(runs / "kernel", tmp_path / "kernel_elsewhere")
+    assert main(["grok-ladder", "--quick", "--models", "convex", "--out-dir", str(runs / "ladder")]) == 0
+    assert report.main(["--runs", str(runs), "--docs", str(docs)]) == 0
+    text2 = (docs / "reproduction_numbers.md").read_text()
+    kept = text2.split("## kernel")[1].split("## ")[0]
+    assert "_Kept from the previous report" in kept and "kernel_helps" in kept
+    assert sorted(os.listdir(docs / "figures" / "reproduction")) == sorted(
+        copied + ["ladder_ladder.png", "ladder_ladder_curves.png", "ladder_convex_seed0_spectrum.png"])
+    assert "| `convex` | 0 | 0/1 |" in text2.split("## ladder")[1]          # the aggregate table
 
 
 def test_spectral_quick(tmp_path):
@@ -226,7 +257,7 @@ def test_reuse_loads_a_finished_run_instead_of_training(tmp_path, capsys):
     out = str(tmp_path / "suite")
     argv = ["grok-suite", "--quick", "--settings", "15:1", "--models", "convex", "--out-dir", out]
     assert main(argv) == 0
-    path = os.path.join(out, "p15_L1_convex", "metrics.json")
+    path = os.path.join(out, "p15_L1_convex", "seed0", "metrics.json")
     first = os.path.getmtime(path)
     capsys.readouterr()
     assert main(argv + ["--reuse"]) == 0

@@ -10,8 +10,8 @@ import sys
 
 from .. import __version__
 from ..energy import command as energy
-from ..experiments import grok, kernel, spectra, suite
-from . import compare, convex
+from ..experiments import gates, grok, kernel, ladder, spectra, suite
+from . import bert_data, compare, convex
 
 COMMANDS = {
     "solve": (convex.configure_solve, convex.run_solve,
@@ -21,10 +21,16 @@ COMMANDS = {
              "the built-in default: solve and certify program (10) on student-teacher data, then train network (9)"),
     "compare": (compare.configure, compare.run,
                 "solve the convex program, train nonconvex networks by SGD/Adam, report their certified gaps"),
+    "bert-data": (bert_data.configure, bert_data.run,
+                  "DATA.npz of one layer of a pretrained BERT (MiniLM) on real English text: train, validation, test"),
     "grok": (grok.configure, grok.run,
              "one grokking run: convex (stacked program (12)) or standard transformer on modular arithmetic"),
     "grok-suite": (suite.configure, suite.run,
                    "grokking experiment (Figures 4-7): division mod 97 (L=1,2) and mod 15 (L=1,4), convex vs standard"),
+    "grok-ladder": (ladder.configure, ladder.run,
+                    "the ablation ladder: convex (fixed / learned gates), relu, ucsd, standard on one split, several seeds"),
+    "grok-gates": (gates.configure, gates.run,
+                   "program (12) on one-hot tokens solved to a certified gap with a ReLU teacher's gates and random gates"),
     "kernel": (kernel.configure, kernel.run,
                "kernel preconditioning (UCSD eq. (9)): periodicity task, convex vs convex+Fastfood vs standard"),
     "spectral": (spectra.configure, spectra.run,
@@ -47,7 +53,7 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action):
         help = action.help or ""
-        if "%(default)" not in help and action.option_strings and not (
+        if "%(default)" not in help and "(default" not in help and action.option_strings and not (
                 action.default is None or action.default is False or action.default is argparse.SUPPRESS):
             help += " (default: %(default)s)"
         return help
@@ -68,8 +74,12 @@ def build_parser():
 
 
 def main(argv=None):
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # name the command whose options these are not
+            prog = f"cvxtransformer {args.command}"
+            parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
     except SystemExit as exc:  # --help, --version, or a usage error (already printed on one line)
         return exc.code
     from ..core.errors import CvxTransformerError

@@ -3,10 +3,19 @@
 Every equation ``x op y = z`` is the sequence of n = 4 tokens ``[x, op, y, =]`` over a
 vocabulary of V = p + 2 symbols: the residues ``0..p-1``, then ``op`` (id ``p``) and ``=``
 (id ``p + 1``). The label is ``z`` in ``[0, p)`` (cross-entropy loss, c = p classes). The
-table holds every pair whose divisor is invertible mod p (``y`` coprime to p for division,
-``x`` coprime to p for the periodicity task; so ``y != 0`` for prime p and ``y`` in
-{1, 2, 4, 7, 8, 11, 13, 14} for p = 15), split once, after a shuffle, into
-``round(train_fraction * N)`` training and the rest test equations.
+table of the periodicity task holds every pair with ``x`` coprime to p. Division has three
+readings (``reading``), which coincide for a prime p:
+
+* ``"invertible"`` (default): ``z = x y^{-1}`` for every x and every ``y`` coprime to p (for
+  p = 15, y in {1, 2, 4, 7, 8, 11, 13, 14}: 120 equations);
+* ``"power"``: the generator of Power et al. (``openai/grok``): for every ``z`` in [0, p) and
+  ``y`` in [1, p), the equation ``(y z mod p) / y = z``; for a composite p some inputs ``(x, y)``
+  then carry several labels (p = 15: 210 equations, conflicting labels);
+* ``"fermat"``: ``z = x y^{p-2} mod p`` for every x and ``y`` in [1, p) (the Fermat inverse:
+  for a composite p this is multiplication by ``y^{p-2}``, not division; p = 15: 210 equations).
+
+The table is split once, after a shuffle, into ``round(train_fraction * N)`` training and the
+rest test equations.
 
 Tokens are embedded one-hot (``d = V``) by default, or by a fixed Gaussian embedding
 ``E`` of shape (V, embedding_dim) with entries N(0, 1/embedding_dim) drawn from the seed.
@@ -74,11 +83,39 @@ def _invertible(p):
     return np.array([v for v in range(p) if math.gcd(v, p) == 1], dtype=np.int64)
 
 
-def modular_division(p=97, train_fraction=0.5, seed=0, embedding_dim=None):
-    """The table of ``x / y = x y^{-1} mod p``, for all x in [0, p) and y invertible mod p.
+READINGS = ("invertible", "power", "fermat")
 
-    N = p * phi(p) equations (9312 for p = 97, 120 for p = 15), of which
-    ``round(train_fraction * N)`` train.
+
+def division_table(p, reading="invertible"):
+    """The equations ``x / y = z`` of one reading (see the module docstring) as three int64
+    arrays ``(x, y, z)``, in a fixed order (before any shuffle).
+
+    Example
+    -------
+    >>> [len(division_table(15, r)[0]) for r in READINGS]
+    [120, 210, 210]
+    """
+    if reading not in READINGS:
+        raise invalid("reading", "one of " + ", ".join(map(repr, READINGS)), repr(reading))
+    if reading == "power":  # openai/grok: for (z, y), x = y z mod p
+        z, y = np.meshgrid(np.arange(p), np.arange(1, p), indexing="ij")
+        z, y = z.ravel(), y.ravel()
+        return (y * z) % p, y, z
+    divisors = _invertible(p) if reading == "invertible" else np.arange(1, p)
+    x, y = np.meshgrid(np.arange(p), divisors, indexing="ij")
+    x, y = x.ravel(), y.ravel()
+    exponent = -1 if reading == "invertible" else p - 2
+    factor = np.array([pow(int(v), exponent, p) for v in y], dtype=np.int64)
+    return x, y, (x * factor) % p
+
+
+def modular_division(p=97, train_fraction=0.5, seed=0, embedding_dim=None, reading="invertible"):
+    """The table of ``x / y mod p`` under one ``reading`` (see the module docstring).
+
+    With the default reading, ``x / y = x y^{-1} mod p`` for all x in [0, p) and y invertible
+    mod p: N = p * phi(p) equations (9312 for p = 97, 120 for p = 15), of which
+    ``round(train_fraction * N)`` train. The readings ``"power"`` and ``"fermat"`` hold
+    ``p (p - 1)`` equations.
 
     Returns
     -------
@@ -93,10 +130,8 @@ def modular_division(p=97, train_fraction=0.5, seed=0, embedding_dim=None):
     ((21, 4, 9), (21, 4, 9))
     """
     p = _check(p, train_fraction, embedding_dim, 2)
-    x, y = np.meshgrid(np.arange(p), _invertible(p), indexing="ij")
-    x, y = x.ravel(), y.ravel()
-    inverse = np.array([pow(int(v), -1, p) for v in y])
-    return _split(x, y, (x * inverse) % p, p, train_fraction, seed, embedding_dim)
+    x, y, z = division_table(p, reading)
+    return _split(x, y, z, p, train_fraction, seed, embedding_dim)
 
 
 def periodicity(p=97, train_fraction=0.5, seed=0, embedding_dim=None):

@@ -14,7 +14,7 @@ are within that margin).
 """
 import os
 
-from .config import QUICK, add_model_arguments, add_task_arguments
+from .config import add_model_arguments, add_task_arguments
 
 
 def configure(parser):
@@ -45,13 +45,12 @@ def run(args):
     from . import plots
     from .runner import row, run_convex_pair
 
-    quick = QUICK if args.quick else {}
-    base = dict(task=args.task, modulus=args.modulus, layers=args.layers, **quick)
+    base = dict(task=args.task, modulus=args.modulus, layers=args.layers)
     results = run_convex_pair(args, base, standard=not args.no_standard)
     D = results["convex_kernel"]["config"]["kernel_features"]
     figure = os.path.join(args.out_dir, "kernel_accuracy.png")
     plots.plot_accuracy([(m["label"], m) for m in results.values()], figure,
-                        f"{args.task} mod {args.modulus}: kernel preconditioning (L = {args.layers})")
+                        f"Kernel preconditioning (L = {args.layers})")
     rows = [row(m, name=name) for name, m in results.items()]
     summary = {"rows": rows, "claims": {"kernel_helps": kernel_helps(results["convex"], results["convex_kernel"])},
                "kernel_features": D, "figures": {"kernel_accuracy.png": figure},

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from .config import QUICK, add_model_arguments, add_task_arguments, config_from_args, default_eval_every
+from .config import add_model_arguments, add_task_arguments, config_from_args, default_eval_every, task_title
 
 COLLAPSE = 0.5
 
@@ -64,8 +64,7 @@ def run(args):
     from ..core.io import save_figure, write_json
     from .runner import row, run_convex_pair
 
-    quick = QUICK if args.quick else {}
-    base = dict(task=args.task, modulus=args.modulus, layers=args.layers, **quick)
+    base = dict(task=args.task, modulus=args.modulus, layers=args.layers)
     if args.spectral_every is None:  # spectra at every evaluation
         probe = config_from_args(args, model="convex", kernel_features=None, **base)
         base["spectral_every"] = probe.eval_every or default_eval_every(probe)
@@ -88,7 +87,8 @@ def run(args):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{args.task} mod {args.modulus}, L = {args.layers}: effective rank during training")
+    first = next(iter(results.values()))["config"]
+    fig.suptitle(f"Effective rank during training (L = {args.layers}): {task_title(first)}")
     fig.tight_layout()
     figure = os.path.join(args.out_dir, "effective_rank.png")
     save_figure(fig, figure, dpi=110)

@@ -33,6 +33,22 @@ layer the later masks are piecewise-constant functions of its output: the subpro
 on each region where they do not change, which is what a gradient step sees (gates carry no
 gradient). End-to-end training with Adam is therefore a nonconvex heuristic over convex blocks.
 
+With ``learn_gates=True`` (the rung ``convex-learned-gates`` of the ablation ladder of
+docs/reproduction.md) the gate vectors are parameters: the forward pass uses the hard mask of
+program (12), the backward pass the gradient of ``sigmoid(s / std(s))`` (a straight-through
+estimator, ``s = u_1j^T X_i u_2j``); every forward pass is still program (12) for the current gates.
+
+:class:`ReLUNetwork` is network (11) with ReLU gates (each neuron gated by its own sign):
+``yhat_i = sum_j relu(w_1j^T X_i w_2j) w_3j`` on learned embeddings. On one-hot tokens its
+activation pattern is the gate mask of program (12) with ``U1 = W1`` and ``U2 = (E W2^T)^T``
+(:meth:`ReLUNetwork.gates`): the oracle gates of :mod:`cvxtransformer.experiments.gates`.
+
+:class:`UCSDNetwork` is the UCSD report's model as far as its text describes it (their Section 3
+and 5.2): convex attention blocks of program (10) (a linear map of the whole sequence, one head
+per layer) each followed by an MLP, a last convex block that outputs the logits, and squared-norm
+penalties; residual connections and post-norm layer normalisation as in the standard transformer
+(the report does not say).
+
 :class:`StandardTransformer` is the baseline: learned token and position embeddings, L
 post-norm transformer blocks (softmax multi-head self-attention, residual connection, layer
 normalisation, ReLU FCN of width 4 dim, residual connection, layer normalisation; no dropout),
@@ -52,10 +68,10 @@ import torch
 
 from ..core.errors import invalid
 from ..core.programs import gate_mask, gated_outputs, sample_gates
-from ..core.validation import check_int
+from ..core.validation import check_choice, check_int
 from .fastfood import Fastfood
 
-MODELS = ("convex", "standard")
+MODELS = ("convex", "convex-learned-gates", "relu", "ucsd", "standard")
 
 
 class ConvexLayer(torch.nn.Module):
@@ -68,19 +84,23 @@ class ConvexLayer(torch.nn.Module):
     gates : h, the number of gate vectors
     seed : seed of the gates (:func:`cvxtransformer.sample_gates`) and of the initial ``Z``
     kernel : optional :class:`Fastfood` map ``R^d -> R^D`` applied to every token first
+    learn_gates : gates as parameters, trained through a straight-through estimator (module docstring)
 
     ``Z`` (h, c, n, D) is initialised N(0, 2 / (h n D)) so that outputs have about the scale
     of the input.
     """
 
-    def __init__(self, n, d, c, gates, seed=0, kernel=None, dtype=torch.float32):
+    def __init__(self, n, d, c, gates, seed=0, kernel=None, learn_gates=False, dtype=torch.float32):
         super().__init__()
         self.n, self.d, self.c, self.h = n, d, c, gates
-        self.kernel = kernel
+        self.kernel, self.learn_gates = kernel, learn_gates
         self.d_feat = d if kernel is None else kernel.D
-        U1, U2 = sample_gates(gates, n, self.d_feat, seed)
-        self.register_buffer("U1", torch.as_tensor(U1, dtype=dtype))
-        self.register_buffer("U2", torch.as_tensor(U2, dtype=dtype))
+        U1, U2 = (torch.as_tensor(U, dtype=dtype) for U in sample_gates(gates, n, self.d_feat, seed))
+        if learn_gates:
+            self.U1, self.U2 = torch.nn.Parameter(U1), torch.nn.Parameter(U2)
+        else:
+            self.register_buffer("U1", U1)
+            self.register_buffer("U2", U2)
         rng = np.random.default_rng(seed + 7919)
         Z = rng.standard_normal((gates, c, n, self.d_feat)) * math.sqrt(2.0 / (gates * n * self.d_feat))
         self.Z = torch.nn.Parameter(torch.as_tensor(Z, dtype=dtype))
@@ -90,8 +110,13 @@ class ConvexLayer(torch.nn.Module):
         return X if self.kernel is None else self.kernel.torch_forward(X)
 
     def mask(self, F):
-        """Gate mask (B, h) of program (12) on features ``F`` (:func:`cvxtransformer.core.programs.gate_mask`)."""
-        return gate_mask(F, self.U1, self.U2)
+        """Gate mask (B, h) of program (12) on features ``F`` (:func:`cvxtransformer.core.programs.gate_mask`);
+        with learned gates, its values are the hard mask and its gradient that of ``sigmoid(s / std(s))``."""
+        if not self.learn_gates:
+            return gate_mask(F, self.U1, self.U2)
+        s = torch.einsum("jk,ikd,jd->ij", self.U1, F, self.U2)
+        soft = torch.sigmoid(s / s.detach().std().clamp_min(1e-12))
+        return (s >= 0).to(F.dtype).detach() + soft - soft.detach()
 
     def forward(self, X, mask=None):
         """``yhat`` (B, c); ``mask`` (B, h) replaces the computed gate mask when given."""
@@ -107,7 +132,7 @@ class ConvexLayer(torch.nn.Module):
         FE = self.features(E)                                              # (V, D)
         pos = torch.arange(self.n, device=tokens.device)[None, :]
         if mask is None:
-            mask = gate_mask(FE[tokens], self.U1, self.U2)
+            mask = self.mask(FE[tokens])
         V = FE.shape[0]
         Zk = self.Z.permute(2, 3, 0, 1).reshape(self.n, self.d_feat, self.h * self.c)
         T = torch.bmm(FE.expand(self.n, V, self.d_feat), Zk)               # (n, V, h c): <Z[j, l, k], phi(e_v)>
@@ -138,12 +163,11 @@ class DeepConvexNetwork(torch.nn.Module):
     kernel_features : None, or D: a Fastfood map R^dim -> R^D before every layer
     sigma : Fastfood bandwidth (default ``sqrt(dim)``: features then have the scale of the tokens)
     seed : seed of the embeddings, gates, Fastfood maps and initial coefficients
+    learn_gates : train the gate vectors too (straight-through; see the module docstring)
     """
 
-    name = "convex"
-
     def __init__(self, vocab, n, classes, dim=64, layers=1, gates=8, kernel_features=None, sigma=None,
-                 seed=0, dtype=torch.float32):
+                 seed=0, dtype=torch.float32, learn_gates=False):
         super().__init__()
         for name, v, low in (("vocab", vocab, 1), ("n", n, 1), ("classes", classes, 2), ("dim", dim, 1),
                              ("layers", layers, 1), ("gates", gates, 1)):
@@ -151,6 +175,7 @@ class DeepConvexNetwork(torch.nn.Module):
         if kernel_features is not None:
             check_int("kernel_features", kernel_features, 1)
         self.n, self.classes, self.dim, self.L = n, classes, dim, layers
+        self.name = "convex-learned-gates" if learn_gates else "convex"
         gen = torch.Generator().manual_seed(seed)
         self.embedding = torch.nn.Parameter(torch.randn(vocab, dim, generator=gen, dtype=dtype))
         sigma = math.sqrt(dim) if sigma is None else sigma
@@ -158,7 +183,8 @@ class DeepConvexNetwork(torch.nn.Module):
         for layer in range(layers):
             kernel = None if kernel_features is None else Fastfood(dim, kernel_features, sigma, seed=seed + 101 * layer)
             c = classes if layer == layers - 1 else n * dim
-            blocks.append(ConvexLayer(n, dim, c, gates, seed=seed + 1000 * (layer + 1), kernel=kernel, dtype=dtype))
+            blocks.append(ConvexLayer(n, dim, c, gates, seed=seed + 1000 * (layer + 1), kernel=kernel,
+                                      learn_gates=learn_gates, dtype=dtype))
         self.blocks = torch.nn.ModuleList(blocks)
 
     def embed(self, tokens):
@@ -267,14 +293,118 @@ class StandardTransformer(torch.nn.Module):
         return out
 
 
+class ReLUNetwork(torch.nn.Module):
+    """Network (11) with ReLU gates on learned embeddings: ``yhat_i = sum_j relu(w_1j^T X_i w_2j) w_3j``.
+
+    ``X_i = E[tokens_i]`` (n, dim); ``W1`` (h, n) (attention rows, unconstrained), ``W2`` (h, dim),
+    ``W3`` (h, C). Trained with AdamW (decoupled weight decay), like the standard transformer.
+    """
+
+    name = "relu"
+
+    def __init__(self, vocab, n, classes, dim=64, hidden=512, seed=0, dtype=torch.float32):
+        super().__init__()
+        for name, v, low in (("vocab", vocab, 1), ("n", n, 1), ("classes", classes, 2), ("dim", dim, 1),
+                             ("hidden", hidden, 1)):
+            check_int(name, v, low)
+        self.n, self.classes, self.dim, self.h = n, classes, dim, hidden
+        gen = torch.Generator().manual_seed(seed)
+        r = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype)
+        self.embedding = torch.nn.Parameter(r(vocab, dim))
+        self.W1 = torch.nn.Parameter(r(hidden, n) / math.sqrt(n))
+        self.W2 = torch.nn.Parameter(r(hidden, dim) / math.sqrt(dim))
+        self.W3 = torch.nn.Parameter(r(hidden, classes) / math.sqrt(hidden))
+
+    def preactivations(self, tokens):
+        """``w_1j^T X_i w_2j`` (N, h), through the per-token table ``E W2^T`` (V, h)."""
+        G = self.embedding @ self.W2.T
+        return sum(self.W1[:, k] * G[tokens[:, k]] for k in range(self.n))
+
+    def forward(self, tokens):
+        return torch.relu(self.preactivations(tokens)) @ self.W3
+
+    def penalty(self):
+        """``1/2 sum ||W||_F^2`` over all parameters (the weight decay, applied decoupled by AdamW)."""
+        return 0.5 * sum(torch.sum(p ** 2) for p in self.parameters())
+
+    def weight_matrices(self):
+        return {"embedding": self.embedding.detach(), "W2": self.W2.detach(), "W3": self.W3.detach()}
+
+    @torch.no_grad()
+    def gates(self):
+        """The activation pattern as gates of program (12) on one-hot tokens (d = vocab): ``U1`` (h, n)
+        and ``U2`` (h, vocab), float64 ndarrays, with ``1[U1_j^T X_i U2_j >= 0]`` the sign of neuron j."""
+        return self.W1.double().numpy().copy(), (self.embedding @ self.W2.T).T.double().numpy().copy()
+
+
+class UCSDNetwork(torch.nn.Module):
+    """The UCSD report's model (see the module docstring): embeddings, then L blocks
+    ``X = LN(X + A_l(X)); X = LN(X + MLP_l(X))`` and the logits ``<Z_out[c], X>``.
+
+    ``A_l`` is program (10) with one target per output token (``Z_l`` of shape (n dim, n, dim), a
+    linear map of the flattened sequence), the MLP has width ``hidden`` (default 4 dim) and the
+    readout is program (10) with C outputs. :meth:`penalty` is their ``sum ||p||^2`` over every
+    parameter but the embeddings (the runner divides it by the batch size, as they do).
+    """
+
+    name = "ucsd"
+
+    def __init__(self, vocab, n, classes, dim=64, layers=1, hidden=None, seed=0, dtype=torch.float32):
+        super().__init__()
+        hidden = 4 * dim if hidden is None else hidden
+        for name, v, low in (("vocab", vocab, 1), ("n", n, 1), ("classes", classes, 2), ("dim", dim, 1),
+                             ("layers", layers, 1), ("hidden", hidden, 1)):
+            check_int(name, v, low)
+        self.n, self.classes, self.dim, self.L = n, classes, dim, layers
+        with torch.random.fork_rng(devices=[]):  # seeded initialisation, global RNG untouched
+            torch.manual_seed(seed)
+            self.embedding = torch.nn.Parameter(torch.randn(vocab, dim, dtype=dtype))
+            lin = lambda a, b, bias=True: torch.nn.Linear(a, b, bias=bias, dtype=dtype)
+            self.attention = torch.nn.ModuleList([lin(n * dim, n * dim, False) for _ in range(layers)])
+            self.mlp = torch.nn.ModuleList([torch.nn.Sequential(lin(dim, hidden), torch.nn.ReLU(), lin(hidden, dim))
+                                            for _ in range(layers)])
+            self.norms = torch.nn.ModuleList([torch.nn.LayerNorm(dim, dtype=dtype) for _ in range(2 * layers)])
+            self.readout = lin(n * dim, classes, False)
+
+    def forward(self, tokens):
+        X = self.embedding[tokens]
+        B = X.shape[0]
+        for layer in range(self.L):
+            X = self.norms[2 * layer](X + self.attention[layer](X.reshape(B, -1)).reshape(X.shape))
+            X = self.norms[2 * layer + 1](X + self.mlp[layer](X))
+        return self.readout(X.reshape(B, -1))
+
+    def penalty(self):
+        """``sum ||p||^2`` over the convex blocks and the MLPs (every parameter but the embeddings)."""
+        return sum(torch.sum(p ** 2) for name, p in self.named_parameters() if name != "embedding")
+
+    def weight_matrices(self):
+        out = {}
+        for i in range(self.L):
+            out.update({f"layer{i + 1}.Z": self.attention[i].weight.detach(),
+                        f"layer{i + 1}.W1": self.mlp[i][0].weight.detach(),
+                        f"layer{i + 1}.W2": self.mlp[i][2].weight.detach()})
+        out["readout.Z"] = self.readout.weight.detach()
+        return out
+
+
 def build_model(model, vocab, n, classes, dim=64, layers=1, gates=8, heads=4, kernel_features=None,
-                sigma=None, seed=0, dtype=torch.float32):
-    """A deep network by name: ``"convex"`` (:class:`DeepConvexNetwork`) or ``"standard"``."""
-    if model == "convex":
-        return DeepConvexNetwork(vocab, n, classes, dim, layers, gates, kernel_features, sigma, seed, dtype)
-    if model == "standard":
-        if kernel_features is not None:
-            raise invalid("kernel_features", "None for the standard transformer", repr(kernel_features),
-                          "kernel preconditioning applies to the convex model")
-        return StandardTransformer(vocab, n, classes, dim, layers, heads, seed, dtype)
-    raise invalid("model", f"one of {MODELS}", repr(model))
+                sigma=None, seed=0, dtype=torch.float32, hidden=None):
+    """A deep network by name (:data:`MODELS`): ``"convex"`` and ``"convex-learned-gates"``
+    (:class:`DeepConvexNetwork`), ``"relu"`` (:class:`ReLUNetwork`, ``hidden`` neurons, default 512;
+    one hidden layer, ``layers`` must be 1), ``"ucsd"`` (:class:`UCSDNetwork`, MLP width ``hidden``)
+    or ``"standard"`` (:class:`StandardTransformer`)."""
+    check_choice("model", model, MODELS)
+    if model in ("convex", "convex-learned-gates"):
+        return DeepConvexNetwork(vocab, n, classes, dim, layers, gates, kernel_features, sigma, seed, dtype,
+                                 learn_gates=model == "convex-learned-gates")
+    if kernel_features is not None:
+        raise invalid("kernel_features", f"None for --model {model}", repr(kernel_features),
+                      "kernel preconditioning applies to the convex model")
+    if model == "relu":
+        if layers != 1:
+            raise invalid("layers", "1 for the relu model (network (11): one hidden layer)", repr(layers))
+        return ReLUNetwork(vocab, n, classes, dim, 512 if hidden is None else hidden, seed, dtype)
+    if model == "ucsd":
+        return UCSDNetwork(vocab, n, classes, dim, layers, hidden, seed, dtype)
+    return StandardTransformer(vocab, n, classes, dim, layers, heads, seed, dtype)
