@@ -29,7 +29,7 @@ import sys
 import torch
 
 from cvxtransformer.experiments.spectra import rank_summary
-from cvxtransformer.experiments.stats import aggregate, fmt_mean
+from cvxtransformer.experiments.stats import aggregate, fmt_mean, fmt_value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -45,10 +45,6 @@ def _fmt(v, digits=4):
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
-
-
-def _num(v, digits=3):
-    return "n/a" if v is None else f"{v:.{digits}f}"
 
 
 def _ci(pair):
@@ -81,8 +77,8 @@ def table(runs):
             f"| `{name}` | {c['task']} | {c['modulus']} | {c['layers']} | {model} | {c['seed']} | {m['status']} | "
             f"{m['steps_done']} | {_fmt(m['steps_to_99_train'])} | {_fmt(m['steps_to_99_test'])} | "
             f"{_fmt(m['final_train_accuracy'], 3)} | {_fmt(m['final_test_accuracy'], 3)}"
-            f"{_ci(m.get('final_test_accuracy_ci95'))} | {_num(m.get('final_test_accuracy_nonzero'))} | "
-            f"{_num(m.get('final_test_accuracy_zero'))} | {_num(m.get('true_label_mean_rank'), 1)} | "
+            f"{_ci(m.get('final_test_accuracy_ci95'))} | {fmt_value(m.get('final_test_accuracy_nonzero'))} | "
+            f"{fmt_value(m.get('final_test_accuracy_zero'))} | {fmt_value(m.get('true_label_mean_rank'), 1)} | "
             f"{_fmt(m['final_test_loss'], 3)} | {m['steps_per_second'] or 0:.1f} | {m['wall_seconds'] / 60:.1f} min |")
     return lines
 
@@ -109,7 +105,7 @@ def gates_tables(summary):
     for t in summary.get("teachers", [summary["teacher"]]):
         lines.append(f"- Teacher: relu run of {t['task']}, seed {t['config']['seed']}, {t['neurons']} neurons, "
                      f"{t['steps_done']} steps, final test accuracy {t['final_test_accuracy']:.3f} (x != 0: "
-                     f"{_num(t['final_test_accuracy_nonzero'])}); its activation pattern equals the bilinear gate "
+                     f"{fmt_value(t['final_test_accuracy_nonzero'])}); its activation pattern equals the bilinear gate "
                      f"mask on {100 * t['mask_agreement']:.2f}% of (sample, neuron) pairs.")
     lines += ["", f"Solver: `fista` along each path of beta (warm starts, gap-safe screening), tol = "
               f"{summary['tol']:g}, budget per point {summary['options']}; every point certified by the verifier.", ""]
@@ -122,10 +118,10 @@ def gates_tables(summary):
             f"| {r['kind']} | {r['h']} | {r['seed']} | {r['beta_fraction']:g} | {r['relative_gap']:.1e} | "
             f"{_fmt(r['certified'])} | {r['iterations']} | {r['seconds']:.0f} | {r['train_accuracy']:.3f} | "
             f"{r['final_test_accuracy']:.3f}{_ci(r['final_test_accuracy_ci95'])} | "
-            f"{_num(r['final_test_accuracy_nonzero'])}{_ci(r.get('final_test_accuracy_nonzero_ci95'))} | "
-            f"{_num(r['final_test_accuracy_zero'])} | {r['true_label_mean_rank']:.1f} | "
-            f"{_num(r['true_label_operand_evidence'])}; {_num(r['operand_evidence_positive_fraction'])} | "
-            f"{_num(r.get('teacher_accuracy_nonzero'))} |")
+            f"{fmt_value(r['final_test_accuracy_nonzero'])}{_ci(r.get('final_test_accuracy_nonzero_ci95'))} | "
+            f"{fmt_value(r['final_test_accuracy_zero'])} | {r['true_label_mean_rank']:.1f} | "
+            f"{fmt_value(r['true_label_operand_evidence'])}; {fmt_value(r['operand_evidence_positive_fraction'])} | "
+            f"{fmt_value(r.get('teacher_accuracy_nonzero'))} |")
     groups = {}
     for r in summary["rows"]:
         groups.setdefault((r["kind"], r["h"], r["beta_fraction"]), []).append(r)

@@ -57,7 +57,21 @@ def gated_outputs(A, mask, h, c):
     return torch.einsum("ijl,ij->il", A.view(-1, h, c), mask)
 
 
-class AttentionOperator:
+class _SampleOperator:
+    """What the operators of programs (8)/(10)/(12) share: coefficients of shape ``(|J|, c, |K|, d)``
+    and the samples of the whole problem."""
+
+    @property
+    def shape(self):
+        return (self.hJ, self.c, self.nK, self.d)
+
+    @property
+    def N_total(self):
+        """Samples of the whole problem (all shards)."""
+        return self.N if self.shards is None else self.shards.total
+
+
+class AttentionOperator(_SampleOperator):
     """The map ``Z -> yhat`` of program (8)/(10)/(12) restricted to gates J and tokens K, in torch.
 
     Parameters
@@ -91,15 +105,6 @@ class AttentionOperator:
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
         self._buffers = {}
-
-    @property
-    def shape(self):
-        return (self.hJ, self.c, self.nK, self.d)
-
-    @property
-    def N_total(self):
-        """Samples of the whole problem (all shards)."""
-        return self.N if self.shards is None else self.shards.total
 
     @property
     def streams(self):
@@ -250,7 +255,7 @@ def one_hot_tokens(X):
     return X.argmax(axis=2)
 
 
-class TokenOperator:
+class TokenOperator(_SampleOperator):
     """The map of :class:`AttentionOperator` for one-hot tokens, by lookups: ``<Z[j, l, k], x_ik>`` is
     ``Z[j, l, k, t_ik]`` for the token id ``t_ik``.
 
@@ -287,14 +292,6 @@ class TokenOperator:
             rows = torch.full((len(u), int(counts.max())), self.N, dtype=torch.long, device=device)
             rows[inverse[order], rank] = order
             self.groups.append((u, rows, Mpad[rows]))
-
-    @property
-    def shape(self):
-        return (self.hJ, self.c, self.nK, self.d)
-
-    @property
-    def N_total(self):
-        return self.N if self.shards is None else self.shards.total
 
     def restrict(self, J, K, dtype=None, chunk=None):
         """The operator of gates J and positions K of this one (K: positions of the full sequence)."""

@@ -24,6 +24,7 @@ from ..core.programs import gate_mask, sample_gates
 from ..path import solve_path
 from .config import RunConfig, task_title
 from .runner import load_net, split_scores
+from .stats import fmt_value
 
 
 def operand_evidence(program, Z, tokens, y):
@@ -153,13 +154,9 @@ def sweep(teacher, oracle, random_h, seeds, fractions, tol, options, log=print):
                 log(f"{r['kind']} gates h = {r['h']} (seed {r['seed']}), beta = {r['beta_fraction']:g} beta_max: "
                     f"relative gap {r['relative_gap']:.1e} ({'certified' if r['certified'] else 'NOT certified'}, "
                     f"{r['iterations']} iterations, {r['seconds']:.0f} s); train accuracy {r['train_accuracy']:.3f}, "
-                    f"test x != 0 {_num(r['final_test_accuracy_nonzero'])}, x = 0 {_num(r['final_test_accuracy_zero'])}"
+                    f"test x != 0 {fmt_value(r['final_test_accuracy_nonzero'])}, x = 0 {fmt_value(r['final_test_accuracy_zero'])}"
                     f", mean rank {r['true_label_mean_rank']:.1f}")
     return rows
-
-
-def _num(v):
-    return "n/a" if v is None else f"{v:.4f}"
 
 
 def plot_gates(rows, teachers, path):

@@ -46,7 +46,7 @@ from ..nn.spectral import SpectralTracker
 from ..nn.trainer import fit
 from .config import (BETA_PER_SAMPLE, CONVEX_MODELS, QUICK, UCSD_BETA, RunConfig,  # noqa: F401
                      config_from_args, default_eval_every)
-from .stats import wilson_interval
+from .stats import fmt_value, wilson_interval
 
 
 def load_task(config):
@@ -277,12 +277,8 @@ def run_and_write(config, out_dir, progress=False, log=print, reuse=False, save_
             f"{metrics['steps_done']} steps ({metrics['train_seconds']:.1f} s); 99% train: "
             f"{reached(metrics['steps_to_99_train'])}, 99% test: {reached(metrics['steps_to_99_test'])}; "
             f"final test accuracy {metrics['final_test_accuracy']:.4f} (x != 0: "
-            f"{_num(metrics.get('final_test_accuracy_nonzero'))}) -> {out_dir}")
+            f"{fmt_value(metrics.get('final_test_accuracy_nonzero'))}) -> {out_dir}")
     return metrics
-
-
-def _num(v):
-    return "n/a" if v is None else f"{v:.4f}"
 
 
 def run_convex_pair(args, base, standard):

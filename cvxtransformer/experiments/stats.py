@@ -57,6 +57,11 @@ def aggregate_runs(metrics_list):
     return out
 
 
+def fmt_value(v, digits=4):
+    """``v`` with ``digits`` decimals, or "n/a" when undefined (None)."""
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
 def fmt_mean(a, digits=3, scale=1.0):
     """``"mean ± std (min-max)"`` of an :func:`aggregate` result; "not reached" when undefined,
     with "k/n" when only some runs define it."""
