@@ -1,4 +1,5 @@
 """What every benchmark shares: a description of the machine, and writing its page of docs/."""
+import os
 import platform
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def machine(threads=None, packages=()):
             versions.append(f"{name} {__import__(name).__version__}")
         except ImportError:
             versions.append(f"{name} not installed")
-    return (f"{model}, {_sh('nproc') or '?'} cores, {mem} GiB RAM, no GPU; Python {platform.python_version()}, "
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{model}, {os.cpu_count()} cores, {mem} GiB RAM, {gpu}; Python {platform.python_version()}, "
             f"torch {torch.__version__} ({threads} threads), numpy {np.__version__}, CVXPY {cp.__version__}"
             + "".join(", " + v for v in versions))
 
