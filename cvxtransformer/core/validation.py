@@ -66,12 +66,13 @@ def check_array(name, a, ndim=None, what=None, finite=True, nonempty=True):
         raise invalid(name, f"a dense array of {what}", f"a scipy sparse {type(a).__name__}",
                       "convert it with .toarray()")
     given = type(a).__name__
-    try:
-        a = a if mapped else np.asarray(a)
-        if a.dtype.kind != "c":  # converting complex values would drop their imaginary parts
-            a = a if mapped else np.asarray(a, dtype=float)
-    except (TypeError, ValueError):
-        raise invalid(name, f"a numeric array of {what}", given) from None
+    if not mapped:
+        try:
+            a = np.asarray(a)
+            if a.dtype.kind != "c":  # converting complex values would drop their imaginary parts
+                a = a.astype(float, copy=False)
+        except (TypeError, ValueError):
+            raise invalid(name, f"a numeric array of {what}", given) from None
     if a.dtype.kind == "c":
         raise invalid(name, "real numbers", "complex values", "pass real and imaginary parts as separate features")
     if ndim is not None and a.ndim != ndim:

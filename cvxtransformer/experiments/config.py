@@ -187,3 +187,16 @@ def add_model_arguments(parser, steps_default):
     g.add_argument("--out-dir", required=True, metavar="DIR", help="folder for the JSON and PNG outputs")
 
 
+def parse_list(name, text, cast, choices=None, valid=None, expected=None):
+    """Comma-separated values of option ``--name``, cast, de-duplicated in order; a user error naming
+    the option when one does not cast, is not in ``choices`` or fails ``valid``."""
+    from ..core.errors import InvalidInputError
+
+    try:
+        values = [cast(v.strip()) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or (choices and any(v not in choices for v in values)) or (valid and not all(map(valid, values))):
+        expected = expected or (f"values in {', '.join(map(str, choices))}" if choices else "values")
+        raise InvalidInputError(f"--{name}: expected {expected} separated by commas, got {text!r}")
+    return list(dict.fromkeys(values))

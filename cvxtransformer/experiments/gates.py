@@ -30,7 +30,7 @@ Writes ``DIR/summary.json`` (``rows``: one per gate set and beta; ``teacher``) a
 """
 import os
 
-from .config import Given
+from .config import Given, parse_list
 
 DEFAULTS = dict(oracle_gates="64", random_gates="8,16,32,64", gate_seeds="0", betas="0.3,0.1,0.03", tol=1e-4,
                 time_limit=300.0, max_iter=20000)
@@ -39,26 +39,11 @@ QUICK = dict(oracle_gates="4", random_gates="2,4", gate_seeds="0", betas="0.3", 
 
 
 def _ints(name, text, low=1):
-    from ..core.errors import InvalidInputError
-
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < low:
-        raise InvalidInputError(f"--{name}: expected integers >= {low} separated by commas, got {text!r}")
-    return values
+    return parse_list(name, text, int, valid=lambda v: v >= low, expected=f"integers >= {low}")
 
 
 def _fractions(text):
-    from ..core.errors import InvalidInputError
-
-    try:
-        values = [float(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(0 < v < 1 for v in values):
-        raise InvalidInputError(f"--betas: expected fractions of beta_max in (0, 1) separated by commas, got {text!r}")
+    values = parse_list("betas", text, float, valid=lambda v: 0 < v < 1, expected="fractions of beta_max in (0, 1)")
     return sorted(values, reverse=True)
 
 

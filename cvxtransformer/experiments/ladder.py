@@ -18,20 +18,7 @@ fraction) and, for one train fraction, ``ladder_curves.png`` (every run's curves
 """
 import os
 
-from .config import MODELS, READINGS, Given, add_model_arguments, add_task_arguments
-
-
-def _list(name, text, cast, choices=None):
-    from ..core.errors import InvalidInputError
-
-    try:
-        values = [cast(v.strip()) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or (choices and any(v not in choices for v in values)):
-        expected = f"values in {', '.join(map(str, choices))}" if choices else "values"
-        raise InvalidInputError(f"--{name}: expected {expected} separated by commas, got {text!r}")
-    return list(dict.fromkeys(values))
+from .config import MODELS, READINGS, Given, add_model_arguments, add_task_arguments, parse_list
 
 
 def parse_budgets(text, models):
@@ -63,10 +50,10 @@ def configs(args):
     """``[(name, config)]`` of every run of the grid, validated before any training."""
     from .config import config_from_args
 
-    models = _list("models", args.models, str, MODELS)
-    seeds = _list("seeds", "0" if args.quick and "seeds" not in getattr(args, "given", ()) else args.seeds, int)
-    readings = _list("readings", args.readings or args.reading, str, READINGS)
-    fractions = _list("train-fractions", args.train_fractions or str(args.train_fraction), float)
+    models = parse_list("models", args.models, str, MODELS)
+    seeds = parse_list("seeds", "0" if args.quick and "seeds" not in getattr(args, "given", ()) else args.seeds, int)
+    readings = parse_list("readings", args.readings or args.reading, str, READINGS)
+    fractions = parse_list("train-fractions", args.train_fractions or str(args.train_fraction), float)
     budgets = parse_budgets(args.budgets, models)
     out = []
     for model in models:

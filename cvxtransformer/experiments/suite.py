@@ -20,7 +20,7 @@ the mean over its seeds).
 """
 import os
 
-from .config import RunConfig, add_model_arguments, config_from_args
+from .config import RunConfig, add_model_arguments, config_from_args, parse_list
 
 DEFAULT_SETTINGS = "97:1,97:2,15:1,15:4"
 
@@ -96,13 +96,12 @@ def run(args):
     """Entry point of the command line: ``run(args) -> exit code``."""
     from ..core.io import dumps, prepare_out_dir, write_json
     from . import plots
-    from .ladder import _list
     from .runner import row, run_and_write
     from .stats import aggregate_runs
 
     settings = parse_settings(args.settings)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    seeds = _list("seeds", args.seeds or str(args.seed), int)
+    seeds = parse_list("seeds", args.seeds or str(args.seed), int)
     configs = []
     for p, L in settings:
         for model in models:
