@@ -10,8 +10,9 @@ copies their figures to ``DOCS/figures/reproduction/<experiment>_*.png`` and wri
   standard deviation and range over the seeds of the final test accuracy (all rows, ``x != 0``,
   ``x = 0``), the mean rank of the true label and the first step with 99% test accuracy; then one
   row per run with its Wilson 95% interval; the claims as the command evaluated them;
-* ``grok-gates``: one row per gate set and beta (certified relative gap, accuracies, the operand
-  evidence of the true label), and the mean over gate seeds;
+* ``grok-gates`` (``RUNS/gates`` or one subfolder of it per command): one row per gate set and
+  beta (certified relative gap, accuracies, the operand evidence of the true label), the means over
+  gate seeds and one figure of every command's points;
 * the single-seed experiments of issue 5: one row per run, the claims and effective ranks.
 
 Nothing is retrained. An experiment whose folder is missing keeps the section it had in the
@@ -99,8 +100,54 @@ def aggregate_table(aggregates):
     return lines
 
 
+def gates_summaries(folder):
+    """The ``grok-gates`` summaries in ``folder`` or in its subfolders (one per command), {name: summary}."""
+    out = {}
+    for root in [folder] + sorted(os.path.join(folder, d) for d in os.listdir(folder)):
+        path = os.path.join(root, "summary.json")
+        if os.path.isfile(path) and "teacher" in (summary := _load(path)):
+            out[os.path.relpath(root, folder)] = summary
+    return out
+
+
+def gates_means(rows):
+    """Mean ± standard deviation (min-max) of the rows of ``grok-gates`` per gate set size and beta."""
+    groups = {}
+    for r in sorted(rows, key=lambda r: (r["kind"] != "oracle", r["h"], -r["beta_fraction"])):
+        groups.setdefault((r["kind"], r["h"], r["beta_fraction"]), []).append(r)
+    lines = ["| gates | h | beta / beta_max | seeds | certified | largest relative gap | train acc | "
+             "test acc, x != 0 | mean rank |", "|---|---|---|---|---|---|---|---|---|"]
+    for (kind, h, f), rs in groups.items():
+        lines.append(f"| {kind} | {h} | {f:g} | {len(rs)} | {sum(r['certified'] for r in rs)}/{len(rs)} | "
+                     f"{max(r['relative_gap'] for r in rs):.1e} | "
+                     f"{fmt_mean(aggregate([r['train_accuracy'] for r in rs]))} | "
+                     f"{fmt_mean(aggregate([r['final_test_accuracy_nonzero'] for r in rs]))} | "
+                     f"{fmt_mean(aggregate([r['true_label_mean_rank'] for r in rs]), 1)} |")
+    return lines
+
+
+def gates_section(folder, figures, docs):
+    """All ``grok-gates`` commands of the experiment: the means over gate seeds (oracle: over teachers)
+    and one figure over every gate set, then each command's rows."""
+    from cvxtransformer.experiments.gate_solves import plot_gates
+
+    summaries = gates_summaries(folder)
+    if not summaries:
+        return ["No finished `grok-gates` command.", ""]
+    rows = [r for s in summaries.values() for r in s["rows"]]
+    teachers = list({json.dumps(t, sort_keys=True): t for s in summaries.values() for t in s["teachers"]}.values())
+    figure = os.path.join(figures, "gates_all.png")
+    plot_gates(rows, teachers, figure)
+    lines = ["Every command's points together: mean ± standard deviation (min-max) over the gate seeds "
+             "(oracle: over the teachers).", ""] + gates_means(rows)
+    lines += ["", f"Figure: [gates_all.png]({os.path.relpath(figure, docs)})", ""]
+    for name, summary in summaries.items():
+        lines += [f"### `{name}`", ""] + gates_tables(summary)
+    return lines
+
+
 def gates_tables(summary):
-    """The rows of ``grok-gates`` and their means over gate seeds."""
+    """The rows of one ``grok-gates`` command."""
     lines = []
     for t in summary.get("teachers", [summary["teacher"]]):
         lines.append(f"- Teacher: relu run of {t['task']}, seed {t['config']['seed']}, {t['neurons']} neurons, "
@@ -122,18 +169,6 @@ def gates_tables(summary):
             f"{fmt_value(r['final_test_accuracy_zero'])} | {r['true_label_mean_rank']:.1f} | "
             f"{fmt_value(r['true_label_operand_evidence'])}; {fmt_value(r['operand_evidence_positive_fraction'])} | "
             f"{fmt_value(r.get('teacher_accuracy_nonzero'))} |")
-    groups = {}
-    for r in summary["rows"]:
-        groups.setdefault((r["kind"], r["h"], r["beta_fraction"]), []).append(r)
-    if any(len(rs) > 1 for rs in groups.values()):
-        lines += ["", "Mean ± standard deviation (min-max) over the gate seeds (oracle: over teachers):", "",
-                  "| gates | h | beta / beta_max | seeds | certified | train acc | test acc, x != 0 | mean rank |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for (kind, h, f), rs in groups.items():
-            lines.append(f"| {kind} | {h} | {f:g} | {len(rs)} | {sum(r['certified'] for r in rs)}/{len(rs)} | "
-                         f"{fmt_mean(aggregate([r['train_accuracy'] for r in rs]))} | "
-                         f"{fmt_mean(aggregate([r['final_test_accuracy_nonzero'] for r in rs]))} | "
-                         f"{fmt_mean(aggregate([r['true_label_mean_rank'] for r in rs]), 1)} |")
     return lines + [""]
 
 
@@ -214,27 +249,26 @@ def cpu_name():
 
 def section(folder, experiment, figures, docs):
     """The lines of one experiment's section (its figures are copied)."""
+    if experiment == "gates":
+        return gates_section(folder, figures, docs)
     lines = []
     summary = _load(os.path.join(folder, "summary.json")) if os.path.exists(os.path.join(folder, "summary.json")) \
         else {}
-    if "teacher" in summary:
-        lines += gates_tables(summary)
-    else:
-        runs = run_rows(folder)
-        lines += [settings_line(runs) if runs else "No finished run.", ""]
-        if summary.get("aggregates"):
-            lines += ["Per setting, over its seeds: mean ± standard deviation (min-max); the first step with 99% "
-                      "test accuracy over the seeds that reached it.", ""]
-            lines += aggregate_table(summary["aggregates"]) + ["", "Every run:", ""]
-        lines += table(runs) + [""]
-        if summary.get("claims"):
-            lines += ["Claims as the command evaluated them (null: the runs needed are missing or not every seed "
-                      "reached 99%):", ""]
-            lines += [f"- `{k}`: {'null' if v is None else _fmt(v)}" for k, v in summary["claims"].items()] + [""]
-        ranks = summary.get("effective_rank") or {}
-        if not ranks and not summary.get("aggregates"):  # the runs that generalised (where collapse is defined)
-            ranks = {name: rank_summary(m) for name, m in runs if m["steps_to_99_test"] is not None}
-        lines += rank_table(ranks)
+    runs = run_rows(folder)
+    lines += [settings_line(runs) if runs else "No finished run.", ""]
+    if summary.get("aggregates"):
+        lines += ["Per setting, over its seeds: mean ± standard deviation (min-max); the first step with 99% "
+                  "test accuracy over the seeds that reached it.", ""]
+        lines += aggregate_table(summary["aggregates"]) + ["", "Every run:", ""]
+    lines += table(runs) + [""]
+    if summary.get("claims"):
+        lines += ["Claims as the command evaluated them (null: the runs needed are missing or not every seed "
+                  "reached 99%):", ""]
+        lines += [f"- `{k}`: {'null' if v is None else _fmt(v)}" for k, v in summary["claims"].items()] + [""]
+    ranks = summary.get("effective_rank") or {}
+    if not ranks and not summary.get("aggregates"):  # the runs that generalised (where collapse is defined)
+        ranks = {name: rank_summary(m) for name, m in runs if m["steps_to_99_test"] is not None}
+    lines += rank_table(ranks)
     copied = copy_figures(folder, experiment, figures, docs)
     return lines + ["Figures: " + ", ".join(f"[{os.path.basename(f)}]({f})" for f in copied), ""]
 

@@ -13,7 +13,8 @@ from cvxtransformer.cli import build_parser, main
 from cvxtransformer.experiments import plots
 from cvxtransformer.experiments.config import config_from_args
 from cvxtransformer.experiments.runner import RunConfig, load_task, run
-from cvxtransformer.experiments.stats import aggregate, aggregate_runs, wilson_interval
+from cvxtransformer.experiments.stats import aggregate, aggregate_runs, fmt_mean, wilson_interval
+from test_grok import load_report  # the loader of benchmarks/reproduction_report.py
 
 
 @pytest.mark.parametrize("command", ["grok", "grok-suite", "kernel", "spectral", "grok-ladder"])
@@ -96,7 +97,7 @@ def test_ladder_quick_aggregates_seeds_and_draws(tmp_path, capsys):
 def test_grok_gates_quick(tmp_path, capsys):
     teacher = str(tmp_path / "teacher")
     assert main(["grok", "--quick", "--model", "relu", "--modulus", "7", "--save-weights", "--out-dir", teacher]) == 0
-    out = tmp_path / "gates"
+    out = tmp_path / "runs" / "gates" / "all"
     assert main(["grok-gates", "--teacher", teacher, "--quick", "--betas", "0.5,0.2", "--out-dir", str(out)]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["teacher"]["mask_agreement"] == 1.0 and s["teacher"]["neurons"] == 16
@@ -109,7 +110,25 @@ def test_grok_gates_quick(tmp_path, capsys):
         assert low <= r["final_test_accuracy"] <= high and 0 <= r["train_accuracy"] <= 1
         assert r["beta"] == pytest.approx(r["beta_fraction"] * r["beta_max"])
     assert os.path.getsize(out / "gates.png") > 1000
+    assert s["complete"] and not (out / "summary.partial.json").exists()
     capsys.readouterr()
+    only = tmp_path / "runs" / "gates" / "oracle_only"
+    assert main(["grok-gates", "--teacher", teacher, "--quick", "--random-gates", "0", "--betas", "0.5",
+                 "--out-dir", str(only)]) == 0
+    only_rows = json.loads((only / "summary.json").read_text())["rows"]
+    assert [r["kind"] for r in only_rows] == ["oracle"]
+    # the report merges the commands' summaries: one table of means over both, one figure, each command's rows
+    docs = tmp_path / "docs"
+    assert load_report().main(["--runs", str(tmp_path / "runs"), "--docs", str(docs)]) == 0
+    text = (docs / "reproduction_numbers.md").read_text().split("## gates")[1].split("\n## ")[0]
+    assert "### `all`" in text and "### `oracle_only`" in text
+    pair = [s["rows"][0], only_rows[0]]
+    assert f"| oracle | 4 | 0.5 | 2 | {sum(r['certified'] for r in pair)}/2 | " in text
+    assert fmt_mean(aggregate([r["final_test_accuracy_nonzero"] for r in pair])) in text
+    assert os.path.getsize(docs / "figures" / "reproduction" / "gates_all.png") > 1000
+    assert main(["grok-gates", "--teacher", teacher, "--quick", "--random-gates", "0", "--oracle-gates", "0",
+                 "--out-dir", str(tmp_path / "none")]) == 2
+    assert "both are 0" in capsys.readouterr().err and not (tmp_path / "none").exists()
     convex = str(tmp_path / "convex")
     assert main(["grok", "--quick", "--modulus", "7", "--out-dir", convex]) == 0
     capsys.readouterr()

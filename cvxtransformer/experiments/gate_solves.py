@@ -130,9 +130,10 @@ def solve_gates(teacher, U1, U2, fractions, tol, options, **row):
     return out
 
 
-def sweep(teacher, oracle, random_h, seeds, fractions, tol, options, log=print):
+def sweep(teacher, oracle, random_h, seeds, fractions, tol, options, log=print, on_row=None):
     """Every gate set: the teacher's K most important neurons for K in ``oracle``, then h random
-    gates for h in ``random_h`` and each seed in ``seeds``; returns the rows of :func:`solve_gates`."""
+    gates for h in ``random_h`` and each seed in ``seeds``; returns the rows of :func:`solve_gates`
+    (each also passed to ``on_row`` as soon as its path is solved)."""
     rows = []
     n, D = teacher.data.X_train.shape[1:]
     sets = []
@@ -150,6 +151,8 @@ def sweep(teacher, oracle, random_h, seeds, fractions, tol, options, log=print):
     for U1, U2, row in sets:
         for r in solve_gates(teacher, U1, U2, fractions, tol, options, **row):
             rows.append(r)
+            if on_row:
+                on_row(r)
             if log:
                 log(f"{r['kind']} gates h = {r['h']} (seed {r['seed']}), beta = {r['beta_fraction']:g} beta_max: "
                     f"relative gap {r['relative_gap']:.1e} ({'certified' if r['certified'] else 'NOT certified'}, "
@@ -163,7 +166,7 @@ def plot_gates(rows, teachers, path):
     """Accuracy on the ``x != 0`` test rows (left) and on the training set (right) against the number
     of gates h: random gates (circles, mean over seeds, bars min-max), the teachers' gates (stars,
     mean over teachers), one colour per beta / beta_max; the teachers' own accuracy dashed (mean),
-    1/p dotted."""
+    1/p dotted. ``teachers``: their :meth:`Teacher.summary` dicts (as in ``summary.json``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,12 +195,12 @@ def plot_gates(rows, teachers, path):
         ax.set_ylabel(ylabel)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    ts = [t.summary() for t in teachers]
+    ts = teachers
     accs = [t["final_test_accuracy_nonzero"] for t in ts if t["final_test_accuracy_nonzero"] is not None]
     if accs:
         axes[0].axhline(np.mean(accs), color="gray", ls="--", lw=1,
                         label=f"the ReLU teacher{'s' if len(ts) > 1 else ''} ({ts[0]['neurons']} neurons)")
-    axes[0].axhline(1.0 / teachers[0].config.modulus, color="gray", ls=":", lw=1, label="1/p")
+    axes[0].axhline(1.0 / ts[0]["config"]["modulus"], color="gray", ls=":", lw=1, label="1/p")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Program (12) on one-hot tokens, solved with certificates: {ts[0]['task']}"
                  + (f" (seeds {', '.join(str(t['config']['seed']) for t in ts)})" if len(ts) > 1 else ""))

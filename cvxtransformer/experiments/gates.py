@@ -25,7 +25,8 @@ with ``x != 0`` and ``x = 0`` (Wilson 95% intervals), the mean rank of the true 
 that comes from the operand tokens, ``sum_j M_ij (Z[j, z, 0, x] + Z[j, z, 2, y])`` (docs/reproduction.md
 shows it is <= 0 at every optimum; reported as its mean and the fraction of rows where it is > 0).
 
-Writes ``DIR/summary.json`` (``rows``: one per gate set and beta; ``teacher``) and
+Writes ``DIR/summary.partial.json`` after every point (the rows so far; removed at the end) and
+``DIR/summary.json`` (``rows``: one per gate set and beta; ``teacher``) and
 ``DIR/gates.png`` (accuracy on the ``x != 0`` test rows and on the training set against h).
 """
 import os
@@ -50,8 +51,8 @@ def _fractions(text):
 def configure(parser):
     parser.add_argument("--teacher", required=True, metavar="RUN[,RUN...]",
                         help="folder(s) of relu runs written with --save-weights (metrics.json, weights.npz)")
-    for name, help in (("oracle-gates", "neurons of the teacher kept as gates, comma-separated (default 64)"),
-                       ("random-gates", "numbers h of random gates, comma-separated (default 8,16,32,64)"),
+    for name, help in (("oracle-gates", "neurons of the teacher kept as gates, comma-separated; 0: none (default 64)"),
+                       ("random-gates", "numbers h of random gates, comma-separated; 0: none (default 8,16,32,64)"),
                        ("gate-seeds", "seeds of the random gates (default 0)"),
                        ("betas", "beta / beta_max, comma-separated, solved as one path (default 0.3,0.1,0.03)")):
         parser.add_argument(f"--{name}", default=DEFAULTS[name.replace("-", "_")], action=Given, help=help)
@@ -83,21 +84,32 @@ def run(args):
     from . import gate_solves
 
     s = settings(args)
-    oracle, random_h = _ints("oracle-gates", s["oracle_gates"]), _ints("random-gates", s["random_gates"])
+    oracle = [k for k in _ints("oracle-gates", s["oracle_gates"], low=0) if k]
+    random_h = [h for h in _ints("random-gates", s["random_gates"], low=0) if h]
+    if not oracle and not random_h:
+        from ..core.errors import InvalidInputError
+        raise InvalidInputError("--oracle-gates, --random-gates: both are 0, nothing to solve; give a number of gates")
     seeds, fractions = _ints("gate-seeds", s["gate_seeds"], low=0), _fractions(s["betas"])
     tol = check_tol(s["tol"])
     options = dict(time_limit=check_positive("time_limit", s["time_limit"]),
                    max_iter=check_positive("max_iter", s["max_iter"], integer=True))
     teachers = [gate_solves.load_teacher(t) for t in args.teacher.split(",") if t.strip()]
     prepare_out_dir(args.out_dir)
-    rows = []
-    for i, teacher in enumerate(teachers):
-        rows += gate_solves.sweep(teacher, oracle, random_h if i == 0 else [], seeds, fractions, tol, options,
-                                  log=print)
-    figure = os.path.join(args.out_dir, "gates.png")
-    gate_solves.plot_gates(rows, teachers, figure)
+    figure, rows = os.path.join(args.out_dir, "gates.png"), []
     summary = {"teacher": teachers[0].summary(), "teachers": [t.summary() for t in teachers], "rows": rows,
-               "tol": tol, "options": options, "figures": [figure]}
+               "tol": tol, "options": options, "complete": False}
+    partial = os.path.join(args.out_dir, "summary.partial.json")
+
+    def keep(row):  # a long sweep that is stopped keeps the points it solved
+        rows.append(row)
+        write_json(partial, summary)
+
+    for i, teacher in enumerate(teachers):
+        gate_solves.sweep(teacher, oracle, random_h if i == 0 else [], seeds, fractions, tol, options, log=print,
+                          on_row=keep)
+    gate_solves.plot_gates(rows, summary["teachers"], figure)
+    summary.update(complete=True, figures=[figure])
     write_json(os.path.join(args.out_dir, "summary.json"), summary)
+    os.remove(partial)
     print(f"wrote {os.path.join(args.out_dir, 'summary.json')} and {figure}")
     return 0
