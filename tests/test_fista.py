@@ -127,6 +127,35 @@ def test_warm_start_from_the_optimum_certifies_at_once():
     assert again.certified and again.iterations == 0
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_slow_progress_is_not_called_a_precision_floor(monkeypatch, dtype):
+    """A gap far above the working precision that shrinks by under 1% per 30 checks is slow
+    convergence, not a precision floor: in float64 the inner loop runs on to its budget; in float32,
+    whose floor (a million roundings, 0.12) lies above this gap, it stops as stalled."""
+    from solvers.proxgrad import driver
+    from solvers.proxgrad import fista as fista_module
+
+    real_gap, real_fista, reasons = fista_module.gap_terms, fista_module.fista, []
+
+    def slow(*args):  # the inner loop sees a gap of 1e-3 that never decreases
+        primal, _ = real_gap(*args)
+        return primal, primal - 1e-3 * max(1.0, abs(primal))
+
+    def spy(*args, **kwargs):
+        out = real_fista(*args, **kwargs)
+        reasons.append(out[3])
+        return out
+
+    monkeypatch.setattr(fista_module, "gap_terms", slow)
+    monkeypatch.setattr(driver, "fista", spy)
+    problem = random_problem(10, "cross_entropy", "classes", seed=10, N=60, n=5, d=4, frac=0.05)
+    out = ProxGrad().solve(problem, dtype=dtype, tol=1e-12, max_iter=700)
+    if dtype == "float64":
+        assert reasons == ["max_iter"] and out.iterations == 700
+    else:
+        assert reasons[0] == "stalled"
+
+
 # --- budgets: the result says so, and is not certified -------------------------------------
 
 @pytest.mark.parametrize("budget, word", [(dict(max_iter=1), "max_iter"), (dict(time_limit=1e-9), "time_limit")])

@@ -70,7 +70,8 @@ class ProxGrad(Solver):
     device : "cpu" or "cuda" (or "cuda:i")
     dtype : "float64" or "float32", the working precision of the iterations (certificates are
         always float64; in float32 relative gaps below about 1e-6 may not be reachable, and the
-        status then says "stalled")
+        status then says "stalled"; a gap above a million roundings of the working dtype that
+        decreases slowly is never called stalled, and runs on to the budget)
     max_iter : int, budget of proximal-gradient iterations over all working sets (default 20000)
     time_limit : seconds, or None
     progress : print the certified gap and objective as the solve goes (stderr)
@@ -182,6 +183,7 @@ class _Run:
 
     def loop(self, tol, budget, o):
         ws_size, method_used, floor_hits, best_rel, Yhat, n_screened = 0, None, 0, np.inf, None, 0
+        floor = 1e6 * torch.finfo(self.dtype).eps  # gaps above a million roundings are not a precision floor
         while True:
             if Yhat is None and not getattr(self.op64, "streams", False):  # streamed: one pass in check
                 Yhat = self.ws.forward(self.x)
@@ -201,7 +203,7 @@ class _Run:
             if reason:
                 return f"{reason} reached: relative gap {chk.relative_gap:.2e} > tol {tol:g}"
             key, settled, ws_size = self.ws.next(chk, self.x, o["working_set"], o["p0"])
-            floor_hits = floor_hits + 1 if settled and chk.relative_gap > 0.5 * best_rel else 0
+            floor_hits = floor_hits + 1 if settled and floor > chk.relative_gap > 0.5 * best_rel else 0
             best_rel = min(best_rel, chk.relative_gap)
             if floor_hits >= 3:
                 precision = str(self.dtype).replace("torch.", "")
@@ -223,7 +225,7 @@ class _Run:
                 if "L" not in self.cache:  # a Lipschitz estimate per working set, refined by backtracking
                     self.cache["L"] = sm.lipschitz_guess(None if method_used == "gram" else sm.grad(x, sm.image(x))[0])
                 x, ix, self.cache["L"], _ = fista(sm, x, self.problem.regularizer, self.cache["L"], inner_tol, budget,
-                                                  o["check_every"], on_check, slack, polish=polish)
+                                                  o["check_every"], on_check, slack, polish=polish, floor=floor)
             self.last_iters = budget.iterations - it0
             block = sm.to_canonical(x).to(F64)
             self.x = self.ws.embed(block, key)

@@ -50,7 +50,8 @@ def gap_terms(sm, reg, x, ix, fx, g, state):
     return primal, float(sm.dual_value(state, 1.0 if gmax <= reg.beta else reg.beta / gmax))
 
 
-def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9, stall_checks=30, polish=None):
+def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9, stall_checks=30, polish=None,
+          floor=math.inf):
     """Run FISTA on ``sm`` + ``reg`` from ``x`` until the subproblem's relative gap is <= ``tol``.
 
     Parameters
@@ -64,6 +65,8 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
     on_check : callable(iterations, primal, dual) called at every gap check (progress, history)
     slack : relative slack of the backtracking test (rounding of the working dtype)
     polish : optional :class:`~.newton.Polisher` (the squared loss with the group lasso)
+    floor : relative gap below which a gap that stops decreasing is blamed on the working precision;
+        above it slow progress is only slow, and the budget ends the run
 
     Returns
     -------
@@ -107,7 +110,7 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
                 on_check(budget.iterations, primal, dual)
             if gap <= tol:
                 return xn, ixn, L, "converged"
-            stale = stale + 1 if gap > 0.99 * best else 0
+            stale = stale + 1 if floor > gap > 0.99 * best else 0
             best = min(best, gap)
             if stale >= stall_checks:
                 return xn, ixn, L, "stalled"
