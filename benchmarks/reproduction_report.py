@@ -169,6 +169,17 @@ def gates_tables(summary):
             f"{fmt_value(r['final_test_accuracy_zero'])} | {r['true_label_mean_rank']:.1f} | "
             f"{fmt_value(r['true_label_operand_evidence'])}; {fmt_value(r['operand_evidence_positive_fraction'])} | "
             f"{fmt_value(r.get('teacher_accuracy_nonzero'))} |")
+    refs = [r for r in summary["rows"] if r.get("reference_objective") is not None]
+    if refs:
+        lines += ["", "The teacher's own readout `Z = w3 (x) u1 (x) u2` on the same gates, a feasible point of "
+                  "(12), at its best scale a: its objective against the certified optimum (objective of the "
+                  "solution found, within the relative gap):", "",
+                  "| teacher seed | h | beta / beta_max | P(Z*) | P(a Z_teacher) | ratio | a | x != 0, Z* | "
+                  "x != 0, a Z_teacher |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['seed']} | {r['h']} | {r['beta_fraction']:g} | {r['objective']:.1f} | "
+                  f"{r['reference_objective']:.1f} | {r['reference_objective'] / r['objective']:.2f} | "
+                  f"{r['reference_scale']:.3g} | {fmt_value(r['final_test_accuracy_nonzero'])} | "
+                  f"{fmt_value(r['reference_test_accuracy_nonzero'])} |" for r in refs]
     return lines + [""]
 
 

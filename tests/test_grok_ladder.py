@@ -10,7 +10,8 @@ import scipy.stats
 import torch
 
 from cvxtransformer.cli import build_parser, main
-from cvxtransformer.experiments import plots
+from cvxtransformer.core.programs import AttentionProgram
+from cvxtransformer.experiments import gate_solves, plots
 from cvxtransformer.experiments.config import config_from_args
 from cvxtransformer.experiments.runner import RunConfig, load_task, run
 from cvxtransformer.experiments.stats import aggregate, aggregate_runs, fmt_mean, wilson_interval
@@ -111,6 +112,19 @@ def test_grok_gates_quick(tmp_path, capsys):
         assert r["beta"] == pytest.approx(r["beta_fraction"] * r["beta_max"])
     assert os.path.getsize(out / "gates.png") > 1000
     assert s["complete"] and not (out / "summary.partial.json").exists()
+    for r in s["rows"]:  # the teacher's own readout is a feasible point: never below the certified optimum
+        if r["kind"] == "oracle":
+            assert r["reference_objective"] >= r["objective"] * (1 - r["relative_gap"]) - 1e-9
+            assert r["reference_scale"] > 0 and 0 <= r["reference_test_accuracy_nonzero"] <= 1
+        else:
+            assert "reference_objective" not in r
+    # that readout is the pruned teacher: program (12) with its gates and Z = w3 (x) u1 (x) u2
+    t = gate_solves.load_teacher(teacher)
+    keep = t.keep(4)
+    program = AttentionProgram(12, t.data.X_test, 7, t.U1[keep], t.U2[keep])
+    with torch.no_grad():
+        logits = torch.relu(t.net.preactivations(torch.as_tensor(t.data.tokens_test))[:, keep]) @ t.net.W3[keep]
+    np.testing.assert_allclose(program.forward(t.coefficients(keep)), logits.double().numpy(), rtol=1e-5, atol=1e-6)
     capsys.readouterr()
     only = tmp_path / "runs" / "gates" / "oracle_only"
     assert main(["grok-gates", "--teacher", teacher, "--quick", "--random-gates", "0", "--betas", "0.5",

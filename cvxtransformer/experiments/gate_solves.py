@@ -90,6 +90,14 @@ class Teacher:
         logits = torch.relu(pre) @ self.net.W3[keep]
         return scores(logits.double().numpy(), self.data.y_test, self.data.tokens_test)
 
+    @torch.no_grad()
+    def coefficients(self, keep):
+        """``Z`` (K, C, n, d) of program (12) with the gates ``keep`` whose network is the teacher
+        restricted to those neurons: ``relu(u1^T X u2) w3 = 1[u1^T X u2 >= 0] <w3 (x) u1 (x) u2, X>``,
+        so ``Z[j, l, k, v] = W3[j, l] U1[j, k] U2[j, v]``, a feasible point of the program."""
+        W3 = self.net.W3.double().numpy()[keep]
+        return np.einsum("jl,jk,jv->jlkv", W3, self.U1[keep], self.U2[keep])
+
     def summary(self):
         m = self.metrics
         return {"config": m["config"], "neurons": int(self.U1.shape[0]), "mask_agreement": self.mask_agreement,
@@ -102,9 +110,22 @@ def load_teacher(folder):
     return Teacher(folder)
 
 
-def solve_gates(teacher, U1, U2, fractions, tol, options, **row):
+def best_scale(problem, Z):
+    """``min_{a > 0} P(a Z)`` and its ``a`` (a bounded scalar search on log a)."""
+    from scipy.optimize import minimize_scalar
+
+    res = minimize_scalar(lambda t: problem.primal_objective(np.exp(t) * Z), bounds=(-12.0, 6.0), method="bounded",
+                          options=dict(xatol=1e-6))
+    return float(res.fun), float(np.exp(res.x))
+
+
+def solve_gates(teacher, U1, U2, fractions, tol, options, reference=None, **row):
     """Program (12) with cross-entropy on the teacher's training split and gates ``U1``, ``U2``,
-    solved at ``beta = f beta_max`` for each fraction f (one warm-started path); one dict per point."""
+    solved at ``beta = f beta_max`` for each fraction f (one warm-started path); one dict per point.
+
+    ``reference``: coefficients of the same gates (the teacher's own readout,
+    :meth:`Teacher.coefficients`); each point then also reports ``P`` at its best scale, against
+    the certified optimum ``objective``."""
     d = teacher.data
     p = teacher.config.modulus
     problem = make_problem(d.X_train, d.y_train, program=12, loss="cross_entropy", beta=1.0, U1=U1, U2=U2,
@@ -119,8 +140,14 @@ def solve_gates(teacher, U1, U2, fractions, tol, options, **row):
         Z = res.Z
         train_acc = float(np.mean(problem.program.forward(Z).argmax(axis=1) == d.y_train))
         ev = operand_evidence(test, Z, d.tokens_test, d.y_test)[d.tokens_test[:, 0] != 0]
+        if reference is not None:
+            at = problem.with_beta(point.beta)
+            value, scale = best_scale(at, reference)
+            row.update(reference_objective=value, reference_scale=scale,
+                       reference_test_accuracy_nonzero=scores(test.forward(scale * reference), d.y_test,
+                                                              d.tokens_test)["final_test_accuracy_nonzero"])
         out.append(dict(row, h=int(U1.shape[0]), beta=point.beta, beta_fraction=f, beta_max=beta_max,
-                        relative_gap=cert.relative_gap, certified=bool(cert.certified), status=res.status,
+                        objective=cert.primal_objective, relative_gap=cert.relative_gap, certified=bool(cert.certified), status=res.status,
                         iterations=res.iterations, seconds=point.seconds, support=cert.support_size,
                         screened=point.screened, groups=point.n_blocks, train_accuracy=train_acc,
                         true_label_operand_evidence=float(ev.mean()) if ev.size else None,
@@ -141,15 +168,16 @@ def sweep(teacher, oracle, random_h, seeds, fractions, tol, options, log=print, 
         K = min(K, teacher.U1.shape[0])
         keep = teacher.keep(K)
         pruned = teacher.pruned_scores(keep)
-        sets.append((teacher.U1[keep], teacher.U2[keep], dict(kind="oracle", seed=teacher.config.seed,
-                     split_seed=teacher.config.seed, teacher_accuracy_nonzero=pruned["final_test_accuracy_nonzero"],
-                     teacher_accuracy=pruned["final_test_accuracy"])))
+        sets.append((teacher.U1[keep], teacher.U2[keep], teacher.coefficients(keep),
+                     dict(kind="oracle", seed=teacher.config.seed, split_seed=teacher.config.seed,
+                          teacher_accuracy_nonzero=pruned["final_test_accuracy_nonzero"],
+                          teacher_accuracy=pruned["final_test_accuracy"])))
     for h in random_h:
         for seed in seeds:
             U1, U2 = sample_gates(h, n, D, seed)
-            sets.append((U1, U2, dict(kind="random", seed=seed, split_seed=teacher.config.seed)))
-    for U1, U2, row in sets:
-        for r in solve_gates(teacher, U1, U2, fractions, tol, options, **row):
+            sets.append((U1, U2, None, dict(kind="random", seed=seed, split_seed=teacher.config.seed)))
+    for U1, U2, reference, row in sets:
+        for r in solve_gates(teacher, U1, U2, fractions, tol, options, reference=reference, **row):
             rows.append(r)
             if on_row:
                 on_row(r)
