@@ -10,6 +10,7 @@ import scipy.stats
 import torch
 
 from cvxtransformer.cli import build_parser, main
+from cvxtransformer.core.problem import make_problem
 from cvxtransformer.core.programs import AttentionProgram
 from cvxtransformer.experiments import gate_solves, plots
 from cvxtransformer.experiments.config import config_from_args
@@ -114,8 +115,9 @@ def test_grok_gates_quick(tmp_path, capsys):
     assert s["complete"] and not (out / "summary.partial.json").exists()
     for r in s["rows"]:  # the teacher's own readout is a feasible point: never below the certified optimum
         if r["kind"] == "oracle":
-            assert r["reference_objective"] >= r["objective"] * (1 - r["relative_gap"]) - 1e-9
-            assert r["reference_scale"] > 0 and 0 <= r["reference_test_accuracy_nonzero"] <= 1
+            assert r["objective"] * (1 - r["relative_gap"]) - 1e-9 <= r["reference_objective"] <= r["zero_objective"]
+            assert (r["reference_scale"] == 0) == (r["beta_fraction"] >= r["reference_beta_fraction"])
+            assert r["reference_test_accuracy_nonzero"] == r["teacher_accuracy_nonzero"]
         else:
             assert "reference_objective" not in r
     # that readout is the pruned teacher: program (12) with its gates and Z = w3 (x) u1 (x) u2
@@ -125,6 +127,19 @@ def test_grok_gates_quick(tmp_path, capsys):
     with torch.no_grad():
         logits = torch.relu(t.net.preactivations(torch.as_tensor(t.data.tokens_test))[:, keep]) @ t.net.W3[keep]
     np.testing.assert_allclose(program.forward(t.coefficients(keep)), logits.double().numpy(), rtol=1e-5, atol=1e-6)
+    # beta_T, the largest beta at which a multiple of Z_T beats Z = 0, against finite differences of P
+    d, Z = t.data, t.coefficients(keep)
+    problem = make_problem(d.X_train, d.y_train, program=12, loss="cross_entropy", beta=1.0, U1=t.U1[keep],
+                           U2=t.U2[keep], n_classes=7)
+    beta_T = gate_solves.best_scale(problem, Z)[2]
+    eps, P0 = 1e-6, problem.primal_objective(problem.zeros())
+    for beta in (0.5 * beta_T, 2.0 * beta_T):
+        at = problem.with_beta(beta)
+        value, a, _ = gate_solves.best_scale(at, Z)
+        assert (at.primal_objective(eps * Z) < P0) == (beta < beta_T) == (a > 0)
+        assert value <= min(P0, at.primal_objective(a * Z)) + 1e-12
+        for b in (0.5 * a, 2.0 * a + 1e-3):  # a minimises along the ray
+            assert value <= at.primal_objective(b * Z) + 1e-9
     capsys.readouterr()
     only = tmp_path / "runs" / "gates" / "oracle_only"
     assert main(["grok-gates", "--teacher", teacher, "--quick", "--random-gates", "0", "--betas", "0.5",
@@ -139,6 +154,9 @@ def test_grok_gates_quick(tmp_path, capsys):
     pair = [s["rows"][0], only_rows[0]]
     assert f"| oracle | 4 | 0.5 | 2 | {sum(r['certified'] for r in pair)}/2 | " in text
     assert fmt_mean(aggregate([r["final_test_accuracy_nonzero"] for r in pair])) in text
+    ref = only_rows[0]
+    assert f"| {ref['zero_objective']:.1f} | {ref['reference_objective']:.1f} | {ref['reference_scale']:.3g} | " \
+           f"{ref['reference_beta_fraction']:.4f} |" in text
     assert os.path.getsize(docs / "figures" / "reproduction" / "gates_all.png") > 1000
     assert main(["grok-gates", "--teacher", teacher, "--quick", "--random-gates", "0", "--oracle-gates", "0",
                  "--out-dir", str(tmp_path / "none")]) == 2

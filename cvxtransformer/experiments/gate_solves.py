@@ -111,12 +111,19 @@ def load_teacher(folder):
 
 
 def best_scale(problem, Z):
-    """``min_{a > 0} P(a Z)`` and its ``a`` (a bounded scalar search on log a)."""
+    """``min_{a >= 0} P(a Z)``, its ``a``, and ``beta_T = <-grad L(0), A Z> / R_1(Z)`` (``R_1``: the
+    regulariser at beta = 1): the largest beta at which moving from 0 along Z lowers P. P is convex
+    in a, so for ``beta >= beta_T`` the minimum is at a = 0; below, a bounded search on log a."""
     from scipy.optimize import minimize_scalar
 
+    zero = problem.zeros()
+    slope = float(np.sum(problem.residual_dual(zero) * problem.program.forward(Z)))  # -dL(aAZ)/da at 0
+    beta_T = slope / (problem.regularizer.value(Z) / problem.beta)
+    if problem.beta >= beta_T:
+        return float(problem.primal_objective(zero)), 0.0, beta_T
     res = minimize_scalar(lambda t: problem.primal_objective(np.exp(t) * Z), bounds=(-12.0, 6.0), method="bounded",
                           options=dict(xatol=1e-6))
-    return float(res.fun), float(np.exp(res.x))
+    return float(res.fun), float(np.exp(res.x)), beta_T
 
 
 def solve_gates(teacher, U1, U2, fractions, tol, options, reference=None, **row):
@@ -124,8 +131,9 @@ def solve_gates(teacher, U1, U2, fractions, tol, options, reference=None, **row)
     solved at ``beta = f beta_max`` for each fraction f (one warm-started path); one dict per point.
 
     ``reference``: coefficients of the same gates (the teacher's own readout,
-    :meth:`Teacher.coefficients`); each point then also reports ``P`` at its best scale, against
-    the certified optimum ``objective``."""
+    :meth:`Teacher.coefficients`); each point then also reports ``P`` at its best multiple
+    (:func:`best_scale`; ``reference_beta_fraction``: beta_T / beta_max), ``P(0)``, and the
+    reference's own test accuracy, against the certified optimum ``objective``."""
     d = teacher.data
     p = teacher.config.modulus
     problem = make_problem(d.X_train, d.y_train, program=12, loss="cross_entropy", beta=1.0, U1=U1, U2=U2,
@@ -142,9 +150,10 @@ def solve_gates(teacher, U1, U2, fractions, tol, options, reference=None, **row)
         ev = operand_evidence(test, Z, d.tokens_test, d.y_test)[d.tokens_test[:, 0] != 0]
         if reference is not None:
             at = problem.with_beta(point.beta)
-            value, scale = best_scale(at, reference)
-            row.update(reference_objective=value, reference_scale=scale,
-                       reference_test_accuracy_nonzero=scores(test.forward(scale * reference), d.y_test,
+            value, scale, beta_T = best_scale(at, reference)
+            row.update(reference_objective=value, reference_scale=scale, reference_beta_fraction=beta_T / beta_max,
+                       zero_objective=float(at.primal_objective(at.zeros())),
+                       reference_test_accuracy_nonzero=scores(test.forward(reference), d.y_test,
                                                               d.tokens_test)["final_test_accuracy_nonzero"])
         out.append(dict(row, h=int(U1.shape[0]), beta=point.beta, beta_fraction=f, beta_max=beta_max,
                         objective=cert.primal_objective, relative_gap=cert.relative_gap, certified=bool(cert.certified), status=res.status,
