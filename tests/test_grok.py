@@ -145,7 +145,7 @@ def test_reproduction_report_collects_the_runs(tmp_path, capsys):
     kept = text2.split("## kernel")[1].split("## ")[0]
     assert "_Kept from the previous report" in kept and "kernel_helps" in kept
     assert sorted(os.listdir(docs / "figures" / "reproduction")) == sorted(
-        copied + ["ladder_ladder.png", "ladder_ladder_curves.png", "ladder_convex_seed0_spectrum.png"])
+        copied + ["ladder_ladder.png", "ladder_ladder_curves.png"])      # no per-run spectra over seeds
     assert "| `convex` | 0 | 0/1 |" in text2.split("## ladder")[1]          # the aggregate table
 
 

@@ -203,7 +203,7 @@ def plot_gates(rows, teachers, path):
     """Accuracy on the ``x != 0`` test rows (left) and on the training set (right) against the number
     of gates h: random gates (circles, mean over seeds, bars min-max), the teachers' gates (stars,
     mean over teachers), one colour per beta / beta_max; the teachers' own accuracy dashed (mean),
-    1/p dotted. ``teachers``: their :meth:`Teacher.summary` dicts (as in ``summary.json``)."""
+    1/p dotted; the teachers restricted to their oracle gates (grey diamonds). ``teachers``: their :meth:`Teacher.summary` dicts (as in ``summary.json``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,13 +232,20 @@ def plot_gates(rows, teachers, path):
         ax.set_ylabel(ylabel)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
+    pruned = {}
+    for r in rows:
+        if r["kind"] == "oracle" and r.get("teacher_accuracy_nonzero") is not None:
+            pruned.setdefault(r["h"], {})[r["seed"]] = r["teacher_accuracy_nonzero"]
+    for h, by_seed in sorted(pruned.items()):
+        axes[0].plot([h], [np.mean(list(by_seed.values()))], "D", color="gray", ms=7,
+                     label="the teachers restricted to these gates" if h == min(pruned) else None)
     ts = teachers
     accs = [t["final_test_accuracy_nonzero"] for t in ts if t["final_test_accuracy_nonzero"] is not None]
     if accs:
         axes[0].axhline(np.mean(accs), color="gray", ls="--", lw=1,
                         label=f"the ReLU teacher{'s' if len(ts) > 1 else ''} ({ts[0]['neurons']} neurons)")
     axes[0].axhline(1.0 / ts[0]["config"]["modulus"], color="gray", ls=":", lw=1, label="1/p")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=2)
     fig.suptitle(f"Program (12) on one-hot tokens, solved with certificates: {ts[0]['task']}"
                  + (f" (seeds {', '.join(str(t['config']['seed']) for t in ts)})" if len(ts) > 1 else ""))
     fig.tight_layout()
