@@ -45,7 +45,7 @@ from ..nn.deep import build_model
 from ..nn.spectral import SpectralTracker
 from ..nn.trainer import fit
 from .config import (BETA_PER_SAMPLE, CONVEX_MODELS, QUICK, UCSD_BETA, RunConfig,  # noqa: F401
-                     config_from_args, default_eval_every)
+                     config_from_args, default_eval_every, task_title)
 from .stats import fmt_value, wilson_interval
 
 
@@ -273,7 +273,7 @@ def run_and_write(config, out_dir, progress=False, log=print, reuse=False, save_
     elif log:
         log(f"reusing the finished run in {out_dir}")
     if log:
-        log(f"{config.task} mod {config.modulus}, {metrics['label']}, seed {config.seed}: {metrics['status']} after "
+        log(f"{task_title(config)}, {metrics['label']}, seed {config.seed}: {metrics['status']} after "
             f"{metrics['steps_done']} steps ({metrics['train_seconds']:.1f} s); 99% train: "
             f"{reached(metrics['steps_to_99_train'])}, 99% test: {reached(metrics['steps_to_99_test'])}; "
             f"final test accuracy {metrics['final_test_accuracy']:.4f} (x != 0: "
