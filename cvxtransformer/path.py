@@ -7,6 +7,7 @@ optimum): groups for the group lasso, singular directions (a proved rank bound) 
 norm. The operator norms the test needs are computed once for the whole path. Every point is
 certified by the verifier, as any :func:`cvxtransformer.solve` result.
 """
+import sys
 import time
 from dataclasses import dataclass
 
@@ -107,5 +108,5 @@ def solve_path(problem, betas=None, n_betas=10, ratio=1e-2, tol=1e-6, progress=F
         if progress:
             s = points[-1].summary()
             print(f"path beta {beta:.4g} ({beta / beta_max:.3g} beta_max): rel gap {s['relative_gap']:.2e}, "
-                  f"screened {s['screened']}/{s['n_blocks']}, support {s['support']}, {seconds:.2f}s")
+                  f"screened {s['screened']}/{s['n_blocks']}, support {s['support']}, {seconds:.2f}s", file=sys.stderr)
     return points

@@ -142,8 +142,10 @@ def test_grok_gates_quick(tmp_path, capsys):
             assert value <= at.primal_objective(b * Z) + 1e-9
     capsys.readouterr()
     only = tmp_path / "runs" / "gates" / "oracle_only"
+    assert "path beta" not in capsys.readouterr().err                      # silent by default
     assert main(["grok-gates", "--teacher", teacher, "--quick", "--random-gates", "0", "--betas", "0.5",
-                 "--out-dir", str(only)]) == 0
+                 "--progress", "--out-dir", str(only)]) == 0
+    assert "path beta" in capsys.readouterr().err                          # each point as it is solved
     only_rows = json.loads((only / "summary.json").read_text())["rows"]
     assert [r["kind"] for r in only_rows] == ["oracle"]
     # the report merges the commands' summaries: one table of means over both, one figure, each command's rows

@@ -62,6 +62,8 @@ def configure(parser):
                         help="seconds per point of a path (default 300)")
     parser.add_argument("--max-iter", type=int, default=DEFAULTS["max_iter"], action=Given,
                         help="proximal-gradient iterations per point (default 20000)")
+    parser.add_argument("--progress", action="store_true",
+                        help="print each point of a path as it is solved, and the solver's progress (stderr)")
     parser.add_argument("--quick", action="store_true",
                         help="pipeline check in seconds: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()) +
                              " (options given explicitly are kept)")
@@ -105,8 +107,8 @@ def run(args):
         write_json(partial, summary)
 
     for i, teacher in enumerate(teachers):
-        gate_solves.sweep(teacher, oracle, random_h if i == 0 else [], seeds, fractions, tol, options, log=print,
-                          on_row=keep)
+        gate_solves.sweep(teacher, oracle, random_h if i == 0 else [], seeds, fractions, tol,
+                          dict(options, progress=args.progress), log=print, on_row=keep)
     gate_solves.plot_gates(rows, summary["teachers"], figure)
     summary.update(complete=True, figures=[figure])
     write_json(os.path.join(args.out_dir, "summary.json"), summary)
