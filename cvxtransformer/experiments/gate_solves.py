@@ -142,21 +142,23 @@ def solve_gates(teacher, U1, U2, fractions, tol, options, reference=None, **row)
     test = problem.program.on(d.X_test)
     start = time.perf_counter()
     points = solve_path(problem, betas=[f * beta_max for f in fractions], tol=tol, **options)
+    fixed = {} if reference is None else dict(  # what does not depend on beta, once
+        zero_objective=float(problem.primal_objective(problem.zeros())),
+        reference_test_accuracy_nonzero=scores(test.forward(reference), d.y_test,
+                                               d.tokens_test)["final_test_accuracy_nonzero"])
     out = []
     for f, point in zip(fractions, points):
         res, cert = point.result, point.result.certificate
         Z = res.Z
         train_acc = float(np.mean(problem.program.forward(Z).argmax(axis=1) == d.y_train))
         ev = operand_evidence(test, Z, d.tokens_test, d.y_test)[d.tokens_test[:, 0] != 0]
+        extra = dict(fixed)
         if reference is not None:
-            at = problem.with_beta(point.beta)
-            value, scale, beta_T = best_scale(at, reference)
-            row.update(reference_objective=value, reference_scale=scale, reference_beta_fraction=beta_T / beta_max,
-                       zero_objective=float(at.primal_objective(at.zeros())),
-                       reference_test_accuracy_nonzero=scores(test.forward(reference), d.y_test,
-                                                              d.tokens_test)["final_test_accuracy_nonzero"])
-        out.append(dict(row, h=int(U1.shape[0]), beta=point.beta, beta_fraction=f, beta_max=beta_max,
-                        objective=cert.primal_objective, relative_gap=cert.relative_gap, certified=bool(cert.certified), status=res.status,
+            value, scale, beta_T = best_scale(problem.with_beta(point.beta), reference)
+            extra.update(reference_objective=value, reference_scale=scale, reference_beta_fraction=beta_T / beta_max)
+        out.append(dict(row, **extra, h=int(U1.shape[0]), beta=point.beta, beta_fraction=f, beta_max=beta_max,
+                        objective=cert.primal_objective, relative_gap=cert.relative_gap,
+                        certified=bool(cert.certified), status=res.status,
                         iterations=res.iterations, seconds=point.seconds, support=cert.support_size,
                         screened=point.screened, groups=point.n_blocks, train_accuracy=train_acc,
                         true_label_operand_evidence=float(ev.mean()) if ev.size else None,
@@ -203,7 +205,8 @@ def plot_gates(rows, teachers, path):
     """Accuracy on the ``x != 0`` test rows (left) and on the training set (right) against the number
     of gates h: random gates (circles, mean over seeds, bars min-max), the teachers' gates (stars,
     mean over teachers), one colour per beta / beta_max; the teachers' own accuracy dashed (mean),
-    1/p dotted; the teachers restricted to their oracle gates (grey diamonds). ``teachers``: their :meth:`Teacher.summary` dicts (as in ``summary.json``)."""
+    1/p dotted; the teachers restricted to their oracle gates (grey diamonds). ``teachers``: their
+    :meth:`Teacher.summary` dicts (as in ``summary.json``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,7 +242,7 @@ def plot_gates(rows, teachers, path):
     for h, by_seed in sorted(pruned.items()):
         axes[0].plot([h], [np.mean(list(by_seed.values()))], "D", color="gray", ms=7,
                      label="the teachers restricted to these gates" if h == min(pruned) else None)
-    ts = teachers
+    ts = teachers  # short name for the lines below
     accs = [t["final_test_accuracy_nonzero"] for t in ts if t["final_test_accuracy_nonzero"] is not None]
     if accs:
         axes[0].axhline(np.mean(accs), color="gray", ls="--", lw=1,
