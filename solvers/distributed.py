@@ -212,8 +212,9 @@ class Shards:
 
 
 class ShardedLoss(Loss):
-    """A loss on one shard whose sums (``value``, ``dual_objective``, ``accuracy``) are summed over
-    the shards; the per-sample faces (``dual_variable``, ``project_dual_domain``) are the loss's own.
+    """A loss on one shard whose sums (``value``, ``dual_objective``, ``gradient_metric``, ``accuracy``) are
+    summed over the shards; the per-sample faces (``dual_variable``, ``project_dual_domain``, ``hessian``)
+    are the loss's own.
     It has no CVXPY faces: the CVXPY solvers refuse a sharded problem."""
 
     def __init__(self, loss, shards):
@@ -237,6 +238,12 @@ class ShardedLoss(Loss):
 
     def project_dual_domain(self, V, T):
         return self.loss.project_dual_domain(V, T)
+
+    def hessian(self, Yhat, T):
+        return self.loss.hessian(Yhat, T)
+
+    def gradient_metric(self, Yhat, T):
+        return self.shards.sum_value(self.loss.gradient_metric(Yhat, T))
 
     def accuracy(self, Yhat, T):
         local = float(self.loss.accuracy(Yhat, T)) if len(Yhat) else 0.0

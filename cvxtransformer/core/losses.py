@@ -8,6 +8,8 @@ shape ``(N, c)`` (see :meth:`Loss.encode`):
 * ``dual_objective(V, T, scale=1)``: ``sum_i -L*(-s V_i)``, valid for ``s V`` in the dual domain;
 * ``project_dual_domain(V, T)``: the Euclidean projection of ``V`` onto that domain;
 * ``accuracy(Yhat, T)``: fraction of correct labels (NaN for the squared loss);
+* ``hessian(Yhat, T)``: ``W_i = grad^2 L(yhat_i)``, shape (N, c, c), and ``gradient_metric(Yhat, T)``:
+  ``sum_i grad L_i^T W_i^+ grad L_i`` (float64): what a Newton model of the loss needs;
 * capabilities: ``quadratic`` (L is quadratic in yhat), ``lipschitz`` (of grad L in yhat),
   ``strong_concavity`` (of the dual objective, for gap-safe rules);
 * CVXPY forms of the primal loss and of the dual objective.
@@ -123,6 +125,15 @@ class SquaredLoss(Loss):
     def project_dual_domain(self, V, T):
         return V
 
+    @numpy_face
+    def hessian(self, Yhat, T):
+        eye = torch.eye(Yhat.shape[1], dtype=Yhat.dtype, device=Yhat.device)
+        return eye.expand(Yhat.shape[0], -1, -1)
+
+    @numpy_face
+    def gradient_metric(self, Yhat, T):
+        return 2.0 * self.value(Yhat, T)
+
     def cvxpy_value(self, Yhat, T):
         return 0.5 * cp.sum_squares(Yhat - T)
 
@@ -167,6 +178,16 @@ class LogisticLoss(Loss):
     @numpy_face
     def accuracy(self, Yhat, T):
         return torch.mean((torch.where(Yhat >= 0, 1.0, -1.0) == T).to(F64))
+
+    @numpy_face
+    def hessian(self, Yhat, T):
+        s = torch.sigmoid(T * Yhat)
+        return (s * (1.0 - s))[:, :, None]
+
+    @numpy_face
+    def gradient_metric(self, Yhat, T):
+        """``sum_i sigma(-m_i)^2 / (sigma(m_i) sigma(-m_i)) = sum_i exp(-m_i)``, ``m_i = y_i yhat_i`` (= exp(L_i) - 1)."""
+        return torch.sum(torch.exp(-T * Yhat), dtype=F64)
 
     def cvxpy_value(self, Yhat, T):
         return cp.sum(cp.logistic(-cp.multiply(T, Yhat)))
@@ -224,6 +245,18 @@ class CrossEntropyLoss(Loss):
     @numpy_face
     def accuracy(self, Yhat, T):
         return torch.mean((torch.argmax(Yhat, dim=1) == torch.argmax(T, dim=1)).to(F64))
+
+    @numpy_face
+    def hessian(self, Yhat, T):
+        """``diag(p_i) - p_i p_i^T`` with ``p_i = softmax(yhat_i)``."""
+        p = T - self.dual_variable(Yhat, T)
+        return torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+
+    @numpy_face
+    def gradient_metric(self, Yhat, T):
+        """``sum_i (p_i - e_y)^T diag(1/p_i) (p_i - e_y) = sum_i (1/p_{i,y} - 1)`` (= exp(L_i) - 1): ``p_i - e_y``
+        sums to zero, so ``diag(1/p_i)`` acts on it as the pseudo-inverse of ``diag(p_i) - p_i p_i^T``."""
+        return torch.sum(torch.expm1(torch.logsumexp(Yhat, dim=1) - torch.sum(T * Yhat, dim=1)), dtype=F64)
 
     def cvxpy_value(self, Yhat, T):
         return cp.sum(cp.log_sum_exp(Yhat, axis=1)) - cp.sum(cp.multiply(T, Yhat))

@@ -195,17 +195,11 @@ class AttentionOperator(_SampleOperator):
             self.shards.sum_(G)
         return out, V, G.view(self.shape)
 
-    def gram(self, T):
-        """Gram matrix ``H = A_l^T A_l`` (F, F), shared by every output l, and ``B = A^T T`` (c, F).
-
-        F = |J|*|K|*d, features ordered (gate, token, coordinate); accumulated over chunks of the
-        gated design (never the whole of it), upper block triangle only, then mirrored.
-        """
+    def _design_chunks(self):
+        """The gated design ``D`` (rows, |J|*|K|*d) chunk by chunk, as ``(start, stop, D)``: columns
+        ordered (gate, token, coordinate); never the whole of it (a few MB per chunk)."""
         Fg = self.hJ * self.F
-        H = torch.zeros(Fg, Fg, dtype=self.dtype, device=self.device)
-        B = torch.zeros(self.c, Fg, dtype=self.dtype, device=self.device)
         rows = max(256, int(CHUNK_BYTES // (self.X.element_size() * Fg)))
-        step = Fg if Fg <= 256 else -(-Fg // 4 // self.d) * self.d  # four block rows, token-aligned
         for s0, e0 in self.bounds:
             Xc = self.rows(s0, e0)
             for s in range(0, e0 - s0, rows):
@@ -214,13 +208,52 @@ class AttentionOperator(_SampleOperator):
                 if self.mask is not None:
                     out = self._buffer("gated", (e - s, self.hJ, self.F), self.device)
                     D = torch.mul(self.mask[s0 + s:s0 + e, :, None], Xc[s:e, None, :], out=out).view(e - s, Fg)
+                yield s0 + s, s0 + e, D
+
+    def _sum_grams(self, weights, each_chunk=None):
+        """``H[m] = sum_i weights[i, m] D_i^T D_i`` (m, F, F) over the chunks of the design (weights
+        None: one unweighted Gram matrix), summed over the shards. One Gram matrix: upper block
+        triangle, then mirrored; several: one product per chunk for all of them, then symmetrised.
+        ``each_chunk(start, stop, D)`` sees every chunk on the way."""
+        Fg = self.hJ * self.F
+        m = 1 if weights is None else weights.shape[1]
+        H = torch.zeros(Fg, m * Fg, dtype=self.dtype, device=self.device)
+        step = Fg if Fg <= 256 else -(-Fg // 4 // self.d) * self.d  # four block rows, token-aligned
+        for s, e, D in self._design_chunks():
+            Dw = D if weights is None else (weights[s:e, :, None] * D[:, None, :]).view(e - s, m * Fg)
+            if m == 1:
                 for i in range(0, Fg, step):
-                    H[i:i + step, i:].addmm_(D[:, i:i + step].T, D[:, i:])
-                B.addmm_(T[s0 + s:s0 + e].T, D)
+                    H[i:i + step, i:].addmm_(D[:, i:i + step].T, Dw[:, i:])
+            else:
+                H.addmm_(D.T, Dw)
+            if each_chunk is not None:
+                each_chunk(s, e, D)
         if self.shards is not None:
             self.shards.sum_(H)
+        if m == 1:
+            return (torch.triu(H) + torch.triu(H, 1).T)[None]
+        H = H.view(Fg, m, Fg).transpose(0, 1)
+        return 0.5 * (H + H.transpose(1, 2))
+
+    def gram(self, T):
+        """Gram matrix ``H = A_l^T A_l`` (F, F), shared by every output l, and ``B = A^T T`` (c, F).
+
+        F = |J|*|K|*d, features ordered (gate, token, coordinate); accumulated over chunks of the
+        gated design (never the whole of it), upper block triangle only, then mirrored.
+        """
+        B = torch.zeros(self.c, self.hJ * self.F, dtype=self.dtype, device=self.device)
+        H = self._sum_grams(None, lambda s, e, D: B.addmm_(T[s:e].T, D))
+        if self.shards is not None:
             self.shards.sum_(B)
-        return torch.triu(H) + torch.triu(H, 1).T, B
+        return H[0], B
+
+    def weighted_gram(self, weights):
+        """``H[m] = sum_i weights[i, m] D_i^T D_i``, shape (m, F, F), for weights (N, m) on the samples;
+        ``D_i`` is the gated design row of sample i (features ordered as in :meth:`gram`). These are
+        the blocks of the Hessian ``A^T W A`` of a loss whose per-sample Hessians ``W_i`` have these
+        entries (the Newton model of :mod:`solvers.proxgrad.prox_newton`). Chunked like :meth:`gram`
+        and summed over the shards."""
+        return self._sum_grams(weights)
 
     def block_norms(self):
         """``||A_g||`` for every block (gate j, token k), shape (|J|, |K|), float64:
