@@ -149,7 +149,7 @@ def test_slow_progress_is_not_called_a_precision_floor(monkeypatch, dtype):
     monkeypatch.setattr(fista_module, "gap_terms", slow)
     monkeypatch.setattr(driver, "fista", spy)
     problem = random_problem(10, "cross_entropy", "classes", seed=10, N=60, n=5, d=4, frac=0.05)
-    out = ProxGrad().solve(problem, dtype=dtype, tol=1e-12, max_iter=700)
+    out = ProxGrad().solve(problem, dtype=dtype, tol=1e-12, max_iter=700, method="data")  # first order
     if dtype == "float64":
         assert reasons == ["max_iter"] and out.iterations == 700
     else:
@@ -215,10 +215,11 @@ def test_bad_arguments(options, match):
         ProxGrad().solve(problem, **options)
 
 
-def test_gram_needs_the_squared_loss_and_dual_form_is_refused_by_solve():
-    problem = random_problem(8, "logistic", "binary", seed=13)
+def test_gram_needs_the_group_lasso_and_dual_form_is_refused_by_solve():
+    problem = random_problem("mhsa", "logistic", "binary", seed=13)
     with pytest.raises(InvalidInputError, match="method"):
         ct.solve(problem, "fista", method="gram")
+    problem = random_problem(8, "logistic", "binary", seed=13)
     with pytest.raises(InvalidInputError, match="form"):
         ct.solve(problem, "fista", form="dual")
 

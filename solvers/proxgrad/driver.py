@@ -11,7 +11,11 @@ Celer-style outer loop around FISTA (:mod:`.fista`):
    violations among (gate, token) blocks, doubling each round;
 4. solve the restricted problem with FISTA, from the data in chunks of samples or, for a
    quadratic loss when it is cheaper, from the Gram matrix of the restricted program (iterations
-   independent of N), with a Newton polish on a stable support; back to 1.
+   independent of N), with a Newton polish on a stable support; for the logistic and
+   cross-entropy losses, by proximal Newton (:mod:`.prox_newton`: a Newton model of the loss in
+   Gram form, solved like a squared loss, and a line search on the true objective) when a cost
+   model says it pays, after as many first-order iterations as the Newton steps would cost when
+   it is not clear that it does; back to 1.
 
 The stopping rule is the certificate, never an iteration count: when ``max_iter`` or
 ``time_limit`` runs out first, the status says so and the verifier reports ``certified: false``.
@@ -37,6 +41,7 @@ from ..base import Solver
 from .certifier import Certifier
 from .fista import Budget, fista
 from .newton import Polisher
+from .prox_newton import prox_newton
 from .smooth import DataSmooth, GramSmooth
 from .working_sets import working_set_for
 
@@ -44,6 +49,9 @@ METHODS = ("auto", "gram", "data")
 GRAM_BYTES = 2 * 2**30  # largest Gram matrix formed on the CPU
 GEMM_SPEEDUP = {"cpu": 8.0, "cuda": 32.0}  # GEMM vs matrix-vector multiply-adds per second
 SMALL_WORK = 2e6  # multiply-adds per product below which CPU products run on one thread
+NEWTON_FEATURES = 4096  # largest Newton model, c F features (the smooth non-quadratic losses)
+NEWTON_STEPS, MODEL_ITERS = 10, 50  # typical Newton steps per subproblem, and iterations per model
+FIRST_ORDER_MIN = 200  # first-order iterations a subproblem takes at least (the Newton model's cost model)
 
 
 @contextlib.contextmanager
@@ -72,7 +80,8 @@ class ProxGrad(Solver):
         always float64; in float32 relative gaps below about 1e-6 may not be reachable, and the
         status then says "stalled"; a gap above a million roundings of the working dtype that
         decreases slowly is never called stalled, and runs on to the budget)
-    max_iter : int, budget of proximal-gradient iterations over all working sets (default 20000)
+    max_iter : int, budget of proximal-gradient iterations over all working sets, a Newton step
+        counting as one (default 20000)
     time_limit : seconds, or None
     progress : print the certified gap and objective as the solve goes (stderr)
     chunk_size : samples per chunk of data products (None: automatic)
@@ -81,7 +90,9 @@ class ProxGrad(Solver):
     screen_norms : "exact" computes the operator norm of every group once per program (cached,
         e.g. along a path); "auto" uses it when cached and the bound ``||A_g||_F`` otherwise
     working_set : solve growing working sets of blocks (False: always the whole problem)
-    method : "auto" (cost model), "gram" or "data": how a quadratic loss is evaluated
+    method : "auto" (cost models), "gram" or "data": a quadratic loss from the Gram matrix of the
+        working set or from the data; the logistic and cross-entropy losses by proximal Newton (its
+        model in Gram form, wherever the operator offers one) or by first order only
     check_every : iterations between gap checks of the inner solver
     p0 : blocks in the first working set
     threads : CPU threads for torch during the solve (None: torch's setting; small products
@@ -117,9 +128,10 @@ class ProxGrad(Solver):
         o["threads"] = check_positive("threads", o["threads"], integer=True, none_ok=True)
         check_choice("screen_norms", o["screen_norms"], ("auto", "exact"))
         check_choice("method", o["method"], METHODS)
-        if o["method"] == "gram" and not (problem.loss.quadratic and problem.regularizer.name == "group_lasso"):
+        if o["method"] == "gram" and problem.regularizer.name != "group_lasso":
             raise invalid("method", '"auto" or "data" here', '"gram"',
-                          "the Gram representation needs a quadratic loss (squared) and the group lasso")
+                          "the Gram representation (squared loss) and the Newton model in Gram form (other "
+                          "losses) need the group lasso")
         if o["init"] is not None:
             o["init"] = problem.program.check_Z(o["init"], "init")
         if o["stop"] is not None and not callable(o["stop"]):
@@ -167,7 +179,7 @@ class _Run:
         self.x = torch.zeros(p.canonical_shape, dtype=F64, device=device)
         if o["init"] is not None:
             self.x = torch.from_numpy(np.ascontiguousarray(o["init"])).reshape(p.canonical_shape).to(device)
-        self.cache, self.last_iters = {}, None
+        self.cache, self.last_iters, self.newton_needed = {}, None, False
         self.build_seconds = time.perf_counter() - t_start
 
     def log(self, kind, iteration, primal, dual, screened=None, ws=None, method=None):
@@ -222,16 +234,36 @@ class _Run:
             size = int(np.prod(op.shape))
             work = size * (size // self.problem.program.n_outputs if method_used == "gram" else op.N_total)
             with cpu_threads(self.device, work):
-                if "L" not in self.cache:  # a Lipschitz estimate per working set, refined by backtracking
-                    self.cache["L"] = sm.lipschitz_guess(None if method_used == "gram" else sm.grad(x, sm.image(x))[0])
-                x, ix, self.cache["L"], _ = fista(sm, x, self.problem.regularizer, self.cache["L"], inner_tol, budget,
-                                                  o["check_every"], on_check, slack, polish=polish, floor=floor)
+                reason = None
+                if method_used == "newton" and self.cache["warmup"] and not self.newton_needed:
+                    x, ix, reason = self.first_order(sm, x, inner_tol, budget, o, on_check, slack, polish, floor,
+                                                     self.cache["warmup"])  # first order while it is the better bet
+                    self.newton_needed = reason != "converged"  # a hard problem: later subproblems start with Newton
+                if method_used == "newton" and reason != "converged":
+                    x, ix, reason = prox_newton(sm, x, self.problem.regularizer, inner_tol, budget, o["check_every"],
+                                                on_check, floor, self._hessian_op(key))
+                if method_used != "newton" or reason == "stalled":  # no Newton step: first order finishes
+                    x, ix, reason = self.first_order(sm, x, inner_tol, budget, o, on_check, slack, polish, floor)
             self.last_iters = budget.iterations - it0
             block = sm.to_canonical(x).to(F64)
             self.x = self.ws.embed(block, key)
             Yhat = None
-            if self.dtype == F64 and method_used == "data":  # A x in float64 is at hand: reuse it
+            if self.dtype == F64 and method_used != "gram":  # A x in float64 is at hand: reuse it
                 Yhat = ix
+
+    def first_order(self, sm, x, tol, budget, o, on_check, slack, polish, floor, limit=None):
+        """FISTA on ``sm`` (at most ``limit`` iterations), from a Lipschitz estimate kept per working set."""
+        if "L" not in self.cache:  # refined by backtracking
+            self.cache["L"] = sm.lipschitz_guess(None if isinstance(sm, GramSmooth) else sm.grad(x, sm.image(x))[0])
+        cap = budget.max_iter
+        if limit is not None:
+            budget.max_iter = min(cap, budget.iterations + limit)
+        try:
+            x, ix, self.cache["L"], reason = fista(sm, x, self.problem.regularizer, self.cache["L"], tol, budget,
+                                                   o["check_every"], on_check, slack, polish=polish, floor=floor)
+        finally:
+            budget.max_iter = cap
+        return x, ix, reason
 
     def subproblem(self, key, method):
         """The smooth part of the program restricted to the working set ``key``, how it is evaluated,
@@ -241,21 +273,53 @@ class _Run:
         if self.cache.get("key", "none") != cache_key:
             self.cache = {"key": cache_key, "op": self.ws.restrict(self.opw, key)}
         op = self.cache["op"]
-        use_gram = hasattr(op, "gram") and (method == "gram" or (
-            method == "auto" and self.problem.loss.quadratic and self._gram_pays(op)))
+        quadratic = self.problem.loss.quadratic
+        use_gram = hasattr(op, "gram") and quadratic and (method == "gram" or (method == "auto" and self._gram_pays(op)))
         if not use_gram:
             if "data" not in self.cache:
                 mat = op.materialize() if hasattr(op, "materialize") else op  # polish may form a support Gram
                 work = 100.0 * GEMM_SPEEDUP[self.device.type] * mat.N_total * int(np.prod(mat.shape))
                 self.cache["data"] = DataSmooth(mat, self.problem.loss, self.Tw, work)
             sm = self.cache["data"]
-            return sm, sm.op, "data"
+            if "warmup" not in self.cache:
+                usable = not quadratic and self.ws.polishable and hasattr(sm.op, "weighted_gram")
+                self.cache["warmup"] = None if not usable or method == "data" else (
+                    0 if method == "gram" else self._newton_warmup(sm.op))
+            return sm, sm.op, "data" if self.cache["warmup"] is None else "newton"
         if "gram" not in self.cache:
             H, B = op.gram(self.Tw)
             tt = float(torch.sum(self.T64 * self.T64))
             tt = tt if self.shards is None else self.shards.sum_value(tt)
             self.cache["gram"] = GramSmooth(H, B, tt, op.hJ, op.nK, op.d)
         return self.cache["gram"], op, "gram"
+
+    def _hessian_op(self, key):
+        """The working set's operator in float32, the precision of the Newton model's Hessian (None: the
+        working precision is float32 already)."""
+        if self.dtype == torch.float32:
+            return None
+        if "op32" not in self.cache:
+            op = self.ws.restrict(self.problem.program.operator(self.device, torch.float32, self.chunk), key)
+            self.cache["op32"] = op.materialize() if hasattr(op, "materialize") else op
+        return self.cache["op32"]
+
+    def _newton_warmup(self, op):
+        """Ski rental between first order and the Newton model (:mod:`.prox_newton`) on this working set:
+        None when the model does not fit (``c F > NEWTON_FEATURES``), else the first-order iterations to
+        run before it: 0 when ``NEWTON_STEPS`` Newton steps cost no more than ``FIRST_ORDER_MIN``
+        iterations, else as many iterations as they cost, so that a subproblem never costs much more
+        than twice the better of the two. Costs in multiply-adds of products that stream a matrix
+        once: an iteration ``2 N F c``; a Newton step ``N c(c+1)/2 F^2`` for the Hessian (float32
+        GEMMs, about ``3 GEMM_SPEEDUP`` times faster per multiply-add than a float64 product that
+        streams the data; an upper bound, as the model keeps the active blocks only) and
+        ``MODEL_ITERS`` iterations of ``(cF)^2`` on the model. Once a subproblem needed Newton steps,
+        the later ones of the solve start with them."""
+        c, F, N = self.problem.program.n_outputs, op.hJ * op.F, op.N_total
+        if c * F > NEWTON_FEATURES:
+            return None
+        step = N * c * (c + 1) / 2 * F * F / (3.0 * GEMM_SPEEDUP[self.device.type]) + MODEL_ITERS * (c * F) ** 2
+        k = NEWTON_STEPS * step / (2.0 * N * F * c)
+        return 0 if k <= FIRST_ORDER_MIN else int(k)
 
     def _gram_pays(self, op):
         """Cost model: forming H (N F^2 multiply-adds, at GEMM speed) and iterations of F^2 c,

@@ -68,6 +68,8 @@ def polish(sm, x, beta):
     Returns the polished iterate, or None (support too large, a failed Newton solve, or no
     Gram form of the loss).
     """
+    if getattr(sm, "coupled", False):
+        return _polish_coupled(sm, x, beta)
     x4 = sm.to_canonical(x)  # (|J|, c, |K|, d)
     hJ, c, nK, d = x4.shape
     nz = torch.linalg.vector_norm(x4, dim=-1) > 0  # (|J|, c, |K|)
@@ -97,6 +99,22 @@ def polish(sm, x, beta):
     full = torch.zeros_like(x4)
     blockJ = torch.zeros(hJ, c, len(K), d, dtype=x.dtype, device=x.device).index_copy_(0, J, out)
     return sm.from_canonical(full.index_copy_(2, K, blockJ))
+
+
+def _polish_coupled(sm, x, beta):
+    """:func:`polish` when the Gram matrix couples the outputs: one Newton system over the nonzero
+    groups of every output (``sm.H`` is (cF, cF), ``x`` in ``sm``'s layout (c, |J|, |K|, d))."""
+    d = x.shape[-1]
+    groups = x.reshape(-1, d)
+    S = torch.nonzero(torch.linalg.vector_norm(groups, dim=-1) > 0).flatten()
+    if len(S) == 0 or len(S) * d > MAX_FEATURES:
+        return None
+    idx = (S[:, None] * d + torch.arange(d, device=x.device)[None, :]).reshape(-1)
+    z = newton_on_support(sm.H.index_select(0, idx).index_select(1, idx).to(torch.float64),
+                          sm.B.reshape(-1).index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta)
+    if z is None:
+        return None
+    return torch.zeros_like(groups).index_copy_(0, S, z.to(x.dtype)).view_as(x)
 
 
 class Polisher:

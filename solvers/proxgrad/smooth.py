@@ -9,7 +9,9 @@ and every iteration of the accelerated proximal gradient needs one product with 
   samples); the layout is the operator's; the image is ``yhat`` of shape (N, n_outputs).
 * :class:`GramSmooth`: a quadratic loss on an operator that offers ``gram`` (programs (8), (10),
   (12)), from ``H = A_l^T A_l`` (F, F) and ``B = A^T T`` (c, F), F = |J|*|K|*d: an iteration
-  costs F^2 c, independent of N; layout (c, |J|, |K|, d) (groups stay on the last axis).
+  costs F^2 c, independent of N; layout (c, |J|, |K|, d) (groups stay on the last axis). ``H`` may
+  also couple the outputs, (cF, cF): the Newton model of a loss that is not separable over outputs
+  (:mod:`.prox_newton`).
 
 Each offers ``image(x)``, ``grad(y, iy) -> (g, state)`` with ``state`` the dual information at
 ``y``, ``value(x, ix)`` (float64), ``dual_value(state, s)`` = D(s V_y) (float64) and, for a
@@ -87,13 +89,17 @@ class DataSmooth:
 
 
 class GramSmooth:
-    """``f(x) = 1/2 ||T||^2 - <B, x> + 1/2 <x, x H>`` for the squared loss; image ``x H`` (c, F)."""
+    """``f(x) = 1/2 tt - <B, x> + 1/2 <x, x H>``: the squared loss ``1/2 ||A x - T||^2`` (``tt = ||T||^2``)
+    or any convex quadratic ``1/2 ||R x - t||^2`` (``H = R^T R``, ``B = R^T t``, ``tt = ||t||^2``);
+    image ``x H`` (c, F). ``H`` (F, F) is shared by the outputs, or (cF, cF) couples them
+    (``coupled``: ``x`` is then flattened whole)."""
 
     quadratic = True
 
     def __init__(self, H, B, tt, hJ, nK, d):
         self.H, self.B, self.tt = H, B, float(tt)
         self.c, self.F = B.shape
+        self.coupled = H.shape[0] != self.F
         self.shape = (self.c, hJ, nK, d)
         self.B4 = B.view(self.shape)
 
@@ -105,7 +111,7 @@ class GramSmooth:
         return x.transpose(0, 1)
 
     def image(self, x):
-        return (x.view(self.c, self.F) @ self.H).view(self.shape)
+        return (x.reshape(-1, self.H.shape[0]) @ self.H).view(self.shape)
 
     def support_system(self, J, K):
         """Rows and columns of H, and columns of B, of the gates J and tokens K."""
@@ -131,7 +137,7 @@ class GramSmooth:
 
     def lipschitz_guess(self, g, iterations=20):
         """``1.05 lambda_max(H)`` by power iteration (backtracking guards the rest)."""
-        v = torch.randn(1, self.F, dtype=self.H.dtype, device=self.H.device,
+        v = torch.randn(1, self.H.shape[0], dtype=self.H.dtype, device=self.H.device,
                         generator=torch.Generator(device=self.H.device).manual_seed(0))
         lam = 0.0
         for _ in range(iterations):

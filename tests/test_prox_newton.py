@@ -1,0 +1,174 @@
+"""Proximal Newton for the logistic and cross-entropy losses (issue 24): the losses' Newton faces and
+the weighted Gram matrices against independent computations; certified solves on every program with
+these losses, in float64 and float32, on memory-mapped data and on two gloo processes (the same
+iterate on both, and the single-process solution); the fallback to first order; the nuclear norm
+kept on first order."""
+import numpy as np
+import pytest
+import torch
+
+import cvxtransformer as ct
+from cvxtransformer.core.errors import InvalidInputError
+from cvxtransformer.core.losses import get_loss
+from solvers.distributed import shard_problem
+from solvers.proxgrad import driver, prox_newton
+from solvers.proxgrad.smooth import DataSmooth
+
+from conftest import GROUP_LASSO_CASES, MHSA_CASES, case_id, random_problem, random_targets
+from test_distributed import launch
+
+NEWTON_CASES = [c for c in GROUP_LASSO_CASES if c[1] != "squared"]
+
+
+@pytest.fixture
+def steps(monkeypatch):
+    """Newton steps taken by every solve of the test (the driver's calls of prox_newton)."""
+    taken, real = [], prox_newton.prox_newton
+
+    def spy(*args, **kwargs):
+        budget = args[4]
+        start = budget.iterations
+        out = real(*args, **kwargs)
+        taken.append(budget.iterations - start)
+        return out
+
+    monkeypatch.setattr(driver, "prox_newton", spy)
+    return taken
+
+
+# --- the Newton faces of the losses and of the operators -------------------------------------
+
+@pytest.mark.parametrize("name, kind", [("squared", "vector"), ("logistic", "binary"), ("cross_entropy", "classes")])
+def test_hessian_and_gradient_metric_of_every_loss(name, kind):
+    """``hessian`` is the derivative of ``grad L`` (central differences), and ``gradient_metric`` is
+    ``sum_i grad L_i^T pinv(W_i) grad L_i`` (numpy's pseudo-inverse)."""
+    rng = np.random.default_rng(0)
+    loss = get_loss(name)
+    T = loss.encode(random_targets(kind, rng, 9, 4), None)
+    Y = rng.standard_normal(T.shape)
+    W = loss.hessian(Y, T)
+    assert W.shape == (9, T.shape[1], T.shape[1])
+    eps = 1e-6
+    for l in range(T.shape[1]):
+        E = np.zeros_like(Y)
+        E[:, l] = eps
+        fd = (loss.gradient(Y + E, T) - loss.gradient(Y - E, T)) / (2 * eps)
+        np.testing.assert_allclose(W[:, :, l], fd, atol=1e-8)
+    G = loss.gradient(Y, T)
+    explicit = sum(G[i] @ np.linalg.pinv(W[i]) @ G[i] for i in range(9))
+    assert loss.gradient_metric(Y, T) == pytest.approx(explicit, rel=1e-9)
+
+
+@pytest.mark.parametrize("program", [8, 10, 12])
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_weighted_gram_is_the_gram_of_the_weighted_design(program, chunk):
+    problem = random_problem(program, "squared", "scalar" if program == 8 else "vector", seed=3, N=33, n=5, d=3)
+    p = problem.program
+    J, K = torch.arange(p.h), torch.tensor([0, 2, 3])
+    op = p.operator("cpu", torch.float64, chunk).restrict(J, K)
+    cols = (np.arange(p.h)[:, None, None] * p.n * p.d + K.numpy()[None, :, None] * p.d
+            + np.arange(p.d)[None, None, :]).ravel()
+    D = p.design()[:, cols]
+    w = np.random.default_rng(1).standard_normal((p.N, 3))
+    for weights in (w, w[:, :1]):
+        H = op.weighted_gram(torch.from_numpy(np.ascontiguousarray(weights))).numpy()
+        assert H.shape == (weights.shape[1], len(cols), len(cols))
+        for m in range(weights.shape[1]):
+            np.testing.assert_allclose(H[m], D.T @ (weights[:, m, None] * D), rtol=1e-12, atol=1e-11)
+
+
+@pytest.mark.parametrize("case", [(8, "logistic", "binary"), (12, "cross_entropy", "classes")], ids=case_id)
+def test_newton_hessian_is_the_hessian_of_the_smooth_part(case):
+    """``newton_hessian`` in the model's layout (output, gate, token, coordinate) is
+    ``sum_i W_i[l, m] D_i D_i^T`` block by block, computed here from the dense design."""
+    problem = random_problem(*case, seed=4, N=30, n=4, d=3, gates=2)
+    p, loss = problem.program, problem.loss
+    op = p.operator("cpu", torch.float64)
+    T = torch.from_numpy(problem.T)
+    Y = torch.from_numpy(np.random.default_rng(2).standard_normal(T.shape))
+    H = prox_newton.newton_hessian(op, loss, Y, T).numpy()
+    W, D = loss.hessian(Y, T).numpy(), p.design()
+    c, F = T.shape[1], D.shape[1]
+    np.testing.assert_allclose(H, np.einsum("ilm,if,ig->lfmg", W, D, D).reshape(c * F, c * F), rtol=1e-12,
+                               atol=1e-12)
+
+
+# --- certified solves -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", NEWTON_CASES, ids=case_id)
+@pytest.mark.parametrize("dtype, tol", [("float64", 1e-9), ("float32", 1e-4)])
+def test_newton_solves_are_certified_and_match_clarabel(case, dtype, tol, steps):
+    problem = random_problem(*case, seed=5, N=60, n=4, d=3, gates=3, frac=0.05)
+    result = ct.solve(problem, "fista", tol=tol, dtype=dtype, method="gram")
+    assert result.certified and result.certificate.relative_gap <= tol, result.status
+    assert sum(steps) > 0  # the Newton model did the work
+    cert = ct.certify(problem, result.Z, result.V, tol=tol, refine=False)
+    assert cert.certified and result.history[-1].relative_gap == pytest.approx(cert.relative_gap, abs=1e-12)
+    reference = ct.solve(problem, "clarabel", tol=1e-9).certificate.primal_objective
+    assert result.certificate.primal_objective == pytest.approx(reference, rel=max(tol, 1e-7))
+
+
+def test_auto_takes_newton_steps_on_group_lasso_and_first_order_on_the_nuclear_norm(steps):
+    problem = random_problem(10, "cross_entropy", "classes", seed=6, N=80, n=4, d=3, frac=0.02)
+    assert ct.solve(problem, "fista", tol=1e-8).certified and sum(steps) > 0
+    del steps[:]
+    for case in [c for c in MHSA_CASES if c[1] != "squared"]:
+        problem = random_problem(*case, seed=6, N=40, n=3, d=2)
+        assert ct.solve(problem, "fista", tol=1e-7).certified
+        with pytest.raises(InvalidInputError, match="method"):
+            ct.solve(problem, "fista", method="gram")
+    assert steps == []
+    onehot = ct.make_problem(np.eye(5)[np.random.default_rng(0).integers(0, 5, (50, 3))],
+                             np.random.default_rng(1).integers(0, 3, 50), program=10, loss="cross_entropy", beta=1.0)
+    assert ct.solve(onehot.with_beta(0.2 * onehot.beta_max()), "fista", tol=1e-8, method="gram").certified
+    assert steps == []  # one-hot tokens: no weighted Gram matrix, first order
+
+
+def test_a_newton_model_that_fails_leaves_the_subproblem_to_first_order(monkeypatch, steps):
+    monkeypatch.setattr(prox_newton, "newton_model", lambda *args: (None, None))
+    problem = random_problem(12, "logistic", "binary", seed=7, N=50, n=4, d=3)
+    result = ct.solve(problem, "fista", tol=1e-8, method="gram")
+    assert result.certified and steps and sum(steps) == 0 and result.iterations > 0
+
+
+def test_newton_on_a_memory_map_streams_and_matches_memory(tmp_path, steps):
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((70, 4, 3)).astype(np.float32)
+    y = rng.integers(0, 3, 70)
+    np.save(tmp_path / "X.npy", X)
+    problems = [ct.make_problem(A, y, program=12, loss="cross_entropy", beta=1.0, gates=3)
+                for A in (X.astype(float), np.load(tmp_path / "X.npy", mmap_mode="r"))]
+    assert problems[1].program.operator("cpu", torch.float64, 16).streams
+    beta = 0.1 * problems[0].beta_max()
+    one, mapped = (ct.solve(p.with_beta(beta), "fista", tol=1e-8, method="gram", chunk_size=16) for p in problems)
+    assert mapped.certified and sum(steps) > 0
+    np.testing.assert_allclose(mapped.Z, one.Z, rtol=1e-7, atol=1e-9)
+
+
+# --- two processes: the same model, the same steps ----------------------------------------------
+
+def _newton_on_shards(rank):
+    out = {}
+    for case in NEWTON_CASES:
+        for dtype in ("float64", "float32"):
+            problem = shard_problem(random_problem(*case, seed=9, N=41, frac=0.05), [21, 20])
+            r = ct.solve(problem, "fista", tol=1e-10 if dtype == "float64" else 1e-4, dtype=dtype, method="gram")
+            out[f"{case_id(case)}-{dtype}"] = [np.asarray(r.Z).tolist(), r.certificate.primal_objective,
+                                               r.certificate.relative_gap, r.certified, r.iterations]
+    return out
+
+
+def test_newton_on_two_processes_takes_the_same_steps_as_one(tmp_path):
+    results, codes, _ = launch(tmp_path, 2, _newton_on_shards)
+    assert codes == [0, 0] and "error" not in results[0], results.get(0, {}).get("trace")
+    assert results[0] == results[1]  # bit for bit: every decision from sums over the shards
+    for key, (Z, P, gap, certified, iterations) in results[0].items():
+        case = next(c for c in NEWTON_CASES if key.startswith(case_id(c) + "-"))
+        dtype = key.rsplit("-", 1)[1]
+        one = ct.solve(random_problem(*case, seed=9, N=41, frac=0.05), "fista", dtype=dtype, method="gram",
+                       tol=1e-10 if dtype == "float64" else 1e-4)
+        assert certified and iterations > 0, key
+        rel = 1e-8 if dtype == "float64" else 1e-4
+        assert P == pytest.approx(one.certificate.primal_objective, rel=rel), key
+        if dtype == "float64":
+            assert np.linalg.norm(np.asarray(Z) - one.Z) <= 1e-7 * max(np.linalg.norm(one.Z), 1e-12), key
