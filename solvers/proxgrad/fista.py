@@ -13,6 +13,7 @@ import time
 import torch
 
 SYNC_EVERY = 10  # iterations between two agreements on the clock (distributed solves)
+LIPSCHITZ_DECAY = 0.8  # after a step the curvature decided, L may shrink by this factor (backtracking only raises it)
 
 
 class Budget:
@@ -102,6 +103,8 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
             if ok:
                 break
             L = max(1.1 * need, 1.25 * L)
+        if not sm.quadratic and dd > 0.0 and 0.5 * L * dd > 100.0 * slack * abs(fy):  # the curvature decided
+            L = max(LIPSCHITZ_DECAY * L, 1.1 * need)  # L follows a curvature that fell (near-separable classes)
         budget.iterations += 1
         if budget.iterations % check_every == 0:
             primal, dual = gap_terms(sm, reg, xn, ixn, fxn, g, state)  # dual point V at y: feasible once scaled
