@@ -180,6 +180,9 @@ class _Run:
         if o["init"] is not None:
             self.x = torch.from_numpy(np.ascontiguousarray(o["init"])).reshape(p.canonical_shape).to(device)
         self.cache, self.last_iters, self.newton_needed = {}, None, False
+        newton = not problem.loss.quadratic and self.ws.polishable and hasattr(self.opw, "weighted_gram")
+        self.newton_first = newton and o["method"] != "data" and (o["method"] == "gram" or
+                                                                  self._newton_warmup(self.opw) == 0)
         self.build_seconds = time.perf_counter() - t_start
 
     def log(self, kind, iteration, primal, dual, screened=None, ws=None, method=None):
@@ -214,7 +217,8 @@ class _Run:
             reason = budget.spent()
             if reason:
                 return f"{reason} reached: relative gap {chk.relative_gap:.2e} > tol {tol:g}"
-            key, settled, ws_size = self.ws.next(chk, self.x, o["working_set"], o["p0"])
+            grow = o["working_set"] and not self.newton_first  # Newton keeps its own active blocks: take every violator
+            key, settled, ws_size = self.ws.next(chk, self.x, grow, o["p0"])
             floor_hits = floor_hits + 1 if settled and floor > chk.relative_gap > 0.5 * best_rel else 0
             best_rel = min(best_rel, chk.relative_gap)
             if floor_hits >= 3:

@@ -21,8 +21,11 @@ A convex quadratic is a squared loss: ``q = 1/2 ||R x' - t||^2 + const`` with ``
 (``loss.gradient_metric``). The model plus the group lasso is therefore solved by the squared
 loss's own machinery, FISTA on its Gram form (:class:`.smooth.GramSmooth`) with the Newton polish
 on its support (:mod:`.newton`), to a duality gap of the model of ``MODEL_GAP`` times the working
-set's. A backtracking line search on the true objective (Armijo on ``P(x + s d)``; ``A x`` and
-``A d`` are combined, so a trial costs no product) gives the step. Once the support is stable, a
+set's. A line search on the true objective gives the step: Armijo backtracking on ``P(x + s d)``,
+and a unit step that P shows too short (P fell by more than 0.55 of its first-order decrease; on
+a quadratic model it falls by 1/2) is doubled while P keeps falling (far from the optimum, at small
+beta, the loss is flatter along d than its model); ``A x`` and ``A d`` are combined, so a
+trial costs no product. Once the support is stable, a
 step is a Newton step on the support: the gap falls quadratically where first-order methods crawl
 (small beta, near-separable classes, correlated tokens).
 
@@ -45,6 +48,8 @@ MODEL_GAP = 0.1  # the model is solved to this fraction of the working set's dua
 MODEL_ITER = 5000  # iterations of FISTA on one model (cheap: (c F)^2 each)
 ARMIJO = 1e-4  # sufficient decrease of the line search
 BACKTRACKS = 30  # halvings of the step before the direction is given up
+LONGEST = 16.0  # a unit step that decreases P is doubled while P keeps decreasing, up to this,
+FLATTER = 0.55  # when P fell by more than this fraction of its first-order decrease (a quadratic: 1/2)
 ACTIVE_MIN = 3  # violating blocks let into the model even when few are nonzero
 
 
@@ -167,6 +172,12 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
             step *= 0.5
         else:
             return x, ix, "stalled"
+        flatter = step == 1.0 and primal - trial > max(-FLATTER * decrease, 1e3 * rounding * scale)  # than the model
+        while flatter and step < LONGEST:
+            longer = float(sm.loss.value(torch.add(ix, Ad, alpha=2 * step), sm.T)) + float(reg.value(x + 2 * step * d))
+            if not longer < trial:
+                break
+            step, trial = 2 * step, longer
         x = torch.add(x, d, alpha=step)
         ix = sm.image(x)
         budget.iterations += 1
