@@ -26,7 +26,10 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
     refine : the verifier's refined dual point (:func:`cvxtransformer.certify`): True, False, or
         "auto" (only when the solver's own dual point does not certify ``tol``)
     refine_time : seconds allowed to the refinement
-    options : passed to the backend (``max_iter``, ``time_limit``, solver settings; see each solver)
+    options : passed to the backend (``max_iter``, ``time_limit``, solver settings; see each solver);
+        the CVXPY backends take ``formulation``: "auto" (default: the squared loss compressed to the
+        size of Z whatever N, the factored map of "mhsa" where it is smaller), or "compressed",
+        "factored", "direct" (the dense design); the one used is ``result.formulation``
 
     For ``beta >= beta_max`` the solution ``Z = 0`` is known in closed form; it is returned
     without calling the solver and certified like any other.
@@ -43,14 +46,14 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
     backend = get_solver(solver)
     backend.validate(problem, form, options)
     program = problem.program
-    screened = None
+    screened = formulation = None
     if problem.beta >= problem.beta_max():
         Z, V, status, times, iterations, history = (problem.zeros(), None, "zero (beta >= beta_max)",
                                                     (0.0, 0.0), 0, [])
     else:
         out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **options)
         Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
-        times, screened = (out.build_seconds, out.solve_seconds), out.screened
+        times, screened, formulation = (out.build_seconds, out.solve_seconds), out.screened, out.formulation
         if screen and screened is None:
             Z, screened = screen_solution(problem, Z, V)
     cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time)
@@ -61,4 +64,4 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
                        build_seconds=times[0], solve_seconds=times[1], iterations=iterations,
                        U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), history=history,
-                       screened=np.asarray(screened))
+                       screened=np.asarray(screened), formulation=formulation)

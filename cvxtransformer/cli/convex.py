@@ -9,8 +9,9 @@ def format_certificate(s):
     verdict = "CERTIFIED" if s["certified"] else f"NOT CERTIFIED (relative gap above tol {s['tol']:.1e})"
     program = f"program ({s['program']})" if s["program"] != "mhsa" else "program (6) (linear MHSA)"
     refined = s.get("refined_relative_gap")
+    formulation = f" ({s['formulation']} formulation)" if s.get("formulation") else ""
     lines = [
-        f"{program}, {s['loss']} loss, {s['form']} form, solver {s['solver']}",
+        f"{program}, {s['loss']} loss, {s['form']} form{formulation}, solver {s['solver']}",
         f"  beta                     {s['beta']:.6g}  (beta_max = {s['beta_max']:.6g})",
         f"  solver status            {s['status']}",
         f"  primal objective P(Z)    {s['primal_objective']:.12g}",
@@ -62,6 +63,9 @@ def configure_solve(p):
                    help="primal: the program; dual: its dual, Z read from the multipliers (clarabel, scs)")
     p.add_argument("--solver", choices=("clarabel", "scs", "fista"), default="clarabel",
                    help="clarabel (interior point), scs (splitting), fista (torch proximal gradient)")
+    p.add_argument("--formulation", choices=("auto", "compressed", "factored", "direct"), default="auto",
+                   help="how clarabel and scs get the program: auto (the squared loss compressed to the size of Z "
+                        "whatever N; mhsa's factored map where smaller), or forced; direct is the dense design")
     p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and U1, U2) here")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
     p.add_argument("--max-iter", type=positive_int, default=None, help="iteration budget of the solver")
@@ -91,6 +95,10 @@ def run_solve(args):
                if v is not None}
     if options and args.solver != "fista":
         raise InvalidInputError(f"--{next(iter(options))}: only for --solver fista, got --solver {args.solver}")
+    if args.formulation != "auto":
+        if args.solver == "fista":
+            raise InvalidInputError(f"--formulation: only for --solver clarabel or scs, got --solver {args.solver}")
+        options["formulation"] = args.formulation
     options.update({k: v for k, v in (("max_iter", args.max_iter), ("time_limit", args.time_limit)) if v is not None})
     if args.distributed:
         return _run_distributed(args, options)

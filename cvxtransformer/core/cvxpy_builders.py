@@ -5,49 +5,192 @@ Builders only build: each returns a :class:`Built` holding an unsolved ``cvxpy.P
 is needed to read Z and a dual point back from it. The program supplies its CVXPY faces (the
 variable, the map, the adjoint, the layout its regulariser reads), the loss and the regulariser
 theirs, so one builder serves every family.
+
+Formulations: the same program, handed to CVXPY in one of three forms (:data:`FORMULATIONS`; the
+first one the problem allows is chosen by ``"auto"``, and recorded in the result):
+
+* ``"compressed"`` (the squared loss, any program with ``design(start, stop)``): the data term
+  ``1/2 ||A z - y||^2`` becomes ``1/2 ||R z - s||^2 + const`` with R of at most p rows (p the
+  coefficients per output), computed in one pass over chunks of samples (:class:`LeastSquares`):
+  the CVXPY problem does not grow with N.
+* ``"factored"`` (programs that offer it, e.g. "mhsa"): the map as a product of structured factors
+  (``program.cvxpy_forward(W, "factored")``), fewer coefficients than the dense design.
+* ``"direct"``: the dense design ``A`` times the variable, ``N * n_outputs`` rows.
+
+Every form has the same optimum; the certificate is recomputed on the whole problem whatever the form.
+
+Example
+-------
+>>> import numpy as np, cvxtransformer as ct
+>>> X = np.random.default_rng(0).standard_normal((500, 4, 3))
+>>> P = ct.make_problem(X, X[:, 0, :2], program=10, beta=5.0)
+>>> built = build_primal(P)
+>>> built.formulation, built.problem.size_metrics.num_scalar_variables < 100
+('compressed', True)
 """
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import cvxpy as cp
 import numpy as np
+import torch
+
+from .errors import invalid
+
+FORMULATIONS = ("compressed", "factored", "direct")
+GRAM_BYTES = 16 * 2**20  # design rows per chunk of the compression
 
 
 @dataclass
 class Built:
-    """An unsolved CVXPY problem, and readers of Z (the program's shape) and V (N, n_outputs)."""
+    """An unsolved CVXPY problem, its formulation, and readers of Z (the program's shape) and V (N, n_outputs)."""
 
     problem: cp.Problem
     form: str
     extract_Z: Callable[[], np.ndarray]
     extract_V: Callable[[], np.ndarray]
+    formulation: str = "direct"
 
 
-def build_primal(problem):
-    """``min_Z sum_i L(yhat_i, y_i) + R(Z)`` with ``yhat = A(Z)`` as an explicit constraint."""
+def offered_formulations(problem):
+    """The formulations ``problem`` can be built in, in the order ``"auto"`` prefers them: compressed
+    (the squared loss), then the program's own ``cvxpy_formulations`` in its order."""
+    program = problem.program
+    offered = tuple(getattr(program, "cvxpy_formulations", ("direct",)))
+    if problem.loss.quadratic and hasattr(program, "design"):
+        offered = ("compressed",) + offered
+    return offered
+
+
+def choose_formulation(problem, formulation="auto"):
+    """``formulation`` checked against what ``problem`` offers (``"auto"``: the first it offers)."""
+    offered = offered_formulations(problem)
+    if formulation == "auto":
+        return offered[0]
+    if formulation not in offered:
+        raise invalid("formulation", f"one of {('auto',) + offered} for {problem.program.label} with the "
+                      f"{problem.loss.name} loss", repr(formulation))
+    return formulation
+
+
+class LeastSquares:
+    """The squared-loss data term of a program compressed to the size of its coefficients.
+
+    With the design ``A`` (``N*r`` rows, ``r`` rows per sample, p columns: ``program.design``), the
+    targets ``Y`` (``N*r`` x q) and the coefficients ``C`` (p x q, the CVXPY variable reshaped),
+
+        1/2 ||A C - Y||_F^2 = 1/2 ||R C - S||_F^2 + const      for every C,
+
+    from the Gram matrix ``H = A^T A = Q diag(lam) Q^T``, ``B = A^T Y`` and ``||Y||^2``, accumulated over
+    chunks of samples (only those rows of X are read: memory-mapped data is never loaded whole):
+    ``R = diag(sqrt(lam_k)) Q_k^T`` (k x p) and ``S = diag(1/sqrt(lam_k)) Q_k^T B`` over the eigenvalues
+    above ``p * eps * lam_max``, and ``const = 1/2 (||Y||^2 - ||S||^2)``. Why an eigendecomposition of the
+    Gram matrix: the Gram matrix is one pass of BLAS-3 products over the data (half the work of a
+    streamed QR, and the same product the torch backend forms), and keeping only the range makes a
+    singular ``A^T A`` (duplicated tokens, N < p, the symmetric ``G_i`` of "mhsa") harmless: R has full
+    row rank k, S stays bounded, and the dropped directions are those where ``A`` vanishes to rounding,
+    on which neither side depends. ``const`` makes the two sides equal for every C (the part of Y
+    outside the range of A): ``||Y||^2 - ||S||^2`` is that part's squared norm.
+
+    Dual points: for any ``U`` (k x q) (the compressed residual ``S - R C``, or a solver's multiplier for
+    it), ``C' = R^+ (S - U)`` with ``R^+ = Q_k diag(1/sqrt(lam_k))`` has ``A^T (Y - A C') = R^T U``: the
+    full residual ``Y - A C'`` is the dual point of the whole problem that U stands for, and its
+    dual objective is ``<U, S> - 1/2 ||U||^2 + const``.
+
+    Attributes: ``R`` (k, p), ``S`` (k, q), ``const``, ``pinv`` (p, k), ``seconds`` (the pass over the data).
+    """
+
+    def __init__(self, problem, chunk_bytes=GRAM_BYTES):
+        t0 = time.perf_counter()
+        program, T = problem.program, problem.T
+        p = program.design(0, 0).shape[1]
+        q = int(np.prod(program.cvxpy_variable().shape)) // p
+        r = program.n_outputs // q  # design rows per sample
+        H = torch.zeros(p + q, p + q, dtype=torch.float64)
+        step = max(1, chunk_bytes // (8 * r * (p + q)))
+        for s in range(0, program.N, step):
+            e = min(s + step, program.N)
+            rows = np.concatenate([np.asarray(program.design(s, e), dtype=float), T[s:e].reshape(-1, q)], axis=1)
+            rows = torch.from_numpy(rows)
+            H.addmm_(rows.T, rows)
+        H = H.numpy()
+        lam, Q = np.linalg.eigh(H[:p, :p])
+        keep = lam > max(lam[-1], 0.0) * p * np.finfo(float).eps
+        if not keep.any():  # A = 0: the data term is the constant 1/2 ||Y||^2
+            lam, Q, keep = np.ones(1), np.zeros((p, 1)), np.ones(1, dtype=bool)
+        root = np.sqrt(lam[keep])
+        Qk = Q[:, keep]
+        self.R = root[:, None] * Qk.T
+        self.S = (Qk.T @ H[:p, p:]) / root[:, None]
+        self.const = 0.5 * (np.trace(H[p:, p:]) - np.sum(self.S ** 2))
+        self.pinv = Qk / root[None, :]
+        self.p, self.q = p, q
+        self.seconds = time.perf_counter() - t0
+
+    def coefficients(self, W):
+        """The CVXPY variable ``W`` viewed as the (p, q) coefficients the design multiplies."""
+        return W if W.shape == (self.p, self.q) else cp.reshape(W, (self.p, self.q), order="C")
+
+    def dual_point(self, problem, U, shape):
+        """The dual point ``Y - A C'`` (N, n_outputs) of the whole problem for a compressed one ``U``
+        (one pass over the data); ``shape`` is that of the CVXPY variable."""
+        C = self.pinv @ (self.S - np.asarray(U, dtype=float))
+        return problem.residual_dual(problem.program.from_cvxpy(C.reshape(shape)))
+
+
+def build_primal(problem, formulation="auto"):
+    """``min_Z sum_i L(yhat_i, y_i) + R(Z)``; ``yhat = A(Z)`` is an explicit constraint, or, compressed,
+    ``min_Z 1/2 ||R C - S||^2 + const + R(Z)`` with the residual ``R C - S`` as the constraint."""
+    formulation = choose_formulation(problem, formulation)
     program = problem.program
     W = program.cvxpy_variable()
+    penalty = problem.regularizer.cvxpy_value(program.cvxpy_blocks(W))
+    if formulation == "compressed":
+        ls = LeastSquares(problem)
+        residual = cp.Variable(ls.S.shape, name="residual")
+        fit = residual == ls.R @ ls.coefficients(W) - ls.S
+        prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(residual) + ls.const + penalty), [fit])
+        # the multiplier of the residual is -grad at the optimum: U, mapped to the whole problem
+        return Built(prob, "primal", extract_Z=lambda: program.from_cvxpy(W.value),
+                     extract_V=lambda: ls.dual_point(problem, fit.dual_value, W.shape), formulation=formulation)
     Yhat = cp.Variable((program.N, program.n_outputs), name="Yhat")
-    prediction = Yhat == program.cvxpy_forward(W)
-    objective = problem.loss.cvxpy_value(Yhat, problem.T) + problem.regularizer.cvxpy_value(program.cvxpy_blocks(W))
-    prob = cp.Problem(cp.Minimize(objective), [prediction])
+    forward, factors = program.cvxpy_factored_forward(W) if formulation == "factored" else \
+        (program.cvxpy_forward(W), [])
+    prediction = Yhat == forward
+    prob = cp.Problem(cp.Minimize(problem.loss.cvxpy_value(Yhat, problem.T) + penalty), [prediction, *factors])
     # The multiplier of yhat = A(Z) is V = -grad L(yhat) at the optimum: a dual point that is
     # as accurate as the solver's dual iterate, not only as accurate as its Z.
     return Built(prob, "primal", extract_Z=lambda: program.from_cvxpy(W.value),
-                 extract_V=lambda: np.asarray(prediction.dual_value, dtype=float))
+                 extract_V=lambda: np.asarray(prediction.dual_value, dtype=float), formulation=formulation)
 
 
-def build_dual(problem):
+def build_dual(problem, formulation="auto"):
     """``max_V sum_i -L*(-V_i)`` s.t. ``dual_norm(A^T V) <= beta``: (21)/(28)/(33), or the spectral-norm
-    dual of program (6). The primal is read back from the multipliers of the norm constraint."""
+    dual of program (6). The primal is read back from the multipliers of the norm constraint.
+    Compressed: ``max_U <U, S> - 1/2 ||U||^2 + const`` s.t. ``dual_norm(R^T U) <= beta`` (see
+    :class:`LeastSquares`), whose optimum is the whole problem's."""
+    formulation = choose_formulation(problem, formulation)
     program = problem.program
-    V = cp.Variable((program.N, program.n_outputs), name="V")
-    objective, domain = problem.loss.cvxpy_dual(V, problem.T)
-    blocks = program.cvxpy_blocks(program.cvxpy_adjoint(V))
+    if formulation == "compressed":
+        ls = LeastSquares(problem)
+        shape = program.cvxpy_variable().shape
+        U = cp.Variable(ls.S.shape, name="U")
+        objective = cp.sum(cp.multiply(U, ls.S)) - 0.5 * cp.sum_squares(U) + ls.const
+        adjoint, domain = cp.reshape(ls.R.T @ U, shape, order="C"), []
+        extract_V = lambda: ls.dual_point(problem, U.value, shape)  # noqa: E731
+    else:
+        V = cp.Variable((program.N, program.n_outputs), name="V")
+        objective, domain = problem.loss.cvxpy_dual(V, problem.T)
+        adjoint, factors = program.cvxpy_factored_adjoint(V) if formulation == "factored" else \
+            (program.cvxpy_adjoint(V), [])
+        domain = [*domain, *factors]
+        extract_V = lambda: V.value  # noqa: E731
+    blocks = program.cvxpy_blocks(adjoint)
     norm_constraints, readback = problem.regularizer.cvxpy_dual_constraint(blocks)
     prob = cp.Problem(cp.Maximize(objective), [*norm_constraints, *domain])
     return Built(prob, "dual", extract_Z=lambda: program.from_blocks(readback(blocks.value)),
-                 extract_V=lambda: V.value)
+                 extract_V=extract_V, formulation=formulation)
 
 
 BUILDERS = {"primal": build_primal, "dual": build_dual}

@@ -200,12 +200,23 @@ class LinearMHSAProgram(Program):
         return self._norm
 
     # --- CVXPY faces: the variable is Z itself ------------------------------------------------------
-    def design(self):
-        """Dense design ``Phi`` of shape (N*n, d^3) (rows (i, t)) or (N, d^3) (pooled), columns (k, a, l)."""
-        X = self.X
+    @property
+    def cvxpy_formulations(self):
+        """The CVXPY maps offered, preferred first (a subclass that changes the map must override this).
+        The factored form has n times fewer coefficients than the design for per-token outputs; pooled,
+        the design is already (N, d^3) and the factored form's extra variables only slow the solver."""
+        return ("direct", "factored") if self.pooled else ("factored", "direct")
+
+    def _readout(self, X):
+        """``R_i``: the tokens (rows, n, d), or their mean (rows, 1, d) when pooled."""
+        return X.mean(axis=1, keepdims=True) if self.pooled else X
+
+    def design(self, start=0, stop=None):
+        """Dense design ``Phi`` of samples ``start:stop``, shape (rows*n, d^3) (rows (i, t)) or (rows, d^3)
+        (pooled), columns (k, a, l): the map is ``design @ Z.reshape(d^3, c)``. Only those rows of X are read."""
+        X = np.asarray(self.X[start:stop], dtype=float)
         G = np.einsum("ita,itb->iab", X, X)
-        R = X.mean(axis=1, keepdims=True) if self.pooled else X
-        return np.einsum("ita,ikl->itkal", R, G).reshape(-1, self.d ** 3)
+        return np.einsum("ita,ikl->itkal", self._readout(X), G).reshape(-1, self.d ** 3)
 
     def cvxpy_variable(self):
         import cvxpy as cp
@@ -213,16 +224,62 @@ class LinearMHSAProgram(Program):
         return cp.Variable(self.shape, name="Z")
 
     def cvxpy_forward(self, Z):
+        """``Yhat`` (N, n_outputs) as a CVXPY expression: the dense design times Z."""
         import cvxpy as cp
 
         out = self.design() @ cp.reshape(Z, (self.d ** 3, self.c), order="C")
         return cp.reshape(out, (self.N, self.n_outputs), order="C")
 
     def cvxpy_adjoint(self, V):
+        """``A^T V`` (d^2, dc) as a CVXPY expression from V (N, n_outputs)."""
         import cvxpy as cp
 
-        rows = cp.reshape(V, (self.design().shape[0], self.c), order="C")
-        return cp.reshape(self.design().T @ rows, self.shape, order="C")
+        design = self.design()
+        rows = cp.reshape(V, (design.shape[0], self.c), order="C")
+        return cp.reshape(design.T @ rows, self.shape, order="C")
+
+    # The factored form: M = G Z_kl with G the (N, d^2) matrix of the vec G_i and Z_kl the entries of Z in
+    # ((k,l), (a,b)) order, then Yhat_i = R_i M_i. CVXPY multiplies affine factors out into one matrix,
+    # so M (and, for the adjoint, R^T V) are variables: N d^3 c + N r d c coefficients (r = n per token,
+    # 1 pooled) against the dense design's N r d^3 c.
+    def _cvxpy_kl(self, Z):
+        """A (d^2, dc) expression rearranged between ((k,a), (l,b)) and ((k,l), (a,b)) (its own inverse)."""
+        import cvxpy as cp
+
+        d, c = self.d, self.c
+        return cp.reshape(cp.transpose(cp.reshape(Z, (d, d, d, c), order="C"), axes=(0, 2, 1, 3)),
+                          (d * d, d * c), order="C")
+
+    def _factors(self):
+        """``G`` (N, d^2), the vectorised Gram matrices, and the block-diagonal readout (N*r, N*d), sparse."""
+        import scipy.sparse as sp
+
+        X = np.asarray(self.X, dtype=float)
+        R = self._readout(X)
+        r, d = R.shape[1], self.d
+        rows = np.repeat(np.arange(self.N * r), d)
+        cols = np.tile(np.arange(d), self.N * r) + np.repeat(np.arange(self.N) * d, r * d)
+        readout = sp.csr_matrix((R.ravel(), (rows, cols)), shape=(self.N * r, self.N * d))
+        return np.einsum("ita,itb->iab", X, X).reshape(self.N, d * d), readout
+
+    def cvxpy_factored_forward(self, Z):
+        """``(Yhat, constraints)``: ``Yhat`` (N, n_outputs) = ``R_i M_i`` with the variable ``M == G Z_kl``."""
+        import cvxpy as cp
+
+        G, readout = self._factors()
+        M = cp.Variable((self.N, self.d * self.c), name="M")
+        out = readout @ cp.reshape(M, (self.N * self.d, self.c), order="C")
+        return cp.reshape(out, (self.N, self.n_outputs), order="C"), [M == G @ self._cvxpy_kl(Z)]
+
+    def cvxpy_factored_adjoint(self, V):
+        """``(A^T V, constraints)``: ``A^T V`` (d^2, dc) = ``G^T P`` rearranged, with the variable
+        ``P == R^T V`` (N, dc) (the readout's transpose, sample by sample)."""
+        import cvxpy as cp
+
+        G, readout = self._factors()
+        P = cp.Variable((self.N, self.d * self.c), name="P")
+        RV = readout.T @ cp.reshape(V, (readout.shape[0], self.c), order="C")
+        return self._cvxpy_kl(G.T @ P), [P == cp.reshape(RV, (self.N, self.d * self.c), order="C")]
 
     @staticmethod
     def cvxpy_blocks(Z):

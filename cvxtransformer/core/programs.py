@@ -479,12 +479,15 @@ class AttentionProgram(Program):
         return self._block_norms
 
     # --- CVXPY faces: the variable W of shape (h*n*d, c), W[(j*n + k)*d + e, l] = Z[j, l, k, e] ----
-    def design(self):
-        """Dense design of shape (N, h*n*d): column ``(j*n + k)*d + e`` is ``M_ij X[i, k, e]``."""
-        X_flat = self.X.reshape(self.N, self.n * self.d)
+    cvxpy_formulations = ("direct",)  # CVXPY maps offered (the squared loss is also compressed)
+
+    def design(self, start=0, stop=None):
+        """Dense design rows of samples ``start:stop``, shape (rows, h*n*d): column ``(j*n + k)*d + e``
+        is ``M_ij X[i, k, e]``, so that the map is ``design @ W``. Only those rows of X are read."""
+        X_flat = self.X[start:stop].reshape(-1, self.n * self.d)
         if self.mask is None:
             return X_flat
-        return (self.mask[:, :, None] * X_flat[:, None, :]).reshape(self.N, -1)
+        return (self.mask[start:stop, :, None] * X_flat[:, None, :]).reshape(len(X_flat), self.h * self.n * self.d)
 
     def cvxpy_variable(self):
         import cvxpy as cp
@@ -492,9 +495,11 @@ class AttentionProgram(Program):
         return cp.Variable((self.h * self.n * self.d, self.c), name="Z")
 
     def cvxpy_forward(self, W):
+        """``yhat`` (N, c) as a CVXPY expression: the dense design times W."""
         return self.design() @ W
 
     def cvxpy_adjoint(self, V):
+        """``A^T V`` in the layout of the variable, from a CVXPY expression V (N, c)."""
         return self.design().T @ V
 
     def cvxpy_blocks(self, W):

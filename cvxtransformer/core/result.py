@@ -37,6 +37,8 @@ class BackendOutput:
     Z : coefficients in the program's shape
     V : a candidate dual point (N, n_outputs), or None
     screened : blocks the backend proved zero (the regulariser's block mask), or None
+    formulation : how a CVXPY backend handed the program to CVXPY ("compressed", "factored",
+        "direct"; :mod:`cvxtransformer.core.cvxpy_builders`), None for other backends
     """
 
     Z: np.ndarray
@@ -47,6 +49,7 @@ class BackendOutput:
     iterations: Optional[int] = None
     history: list = field(default_factory=list)
     screened: Optional[np.ndarray] = None
+    formulation: Optional[str] = None
 
 
 @dataclass
@@ -59,6 +62,8 @@ class SolveResult:
     certificate : :class:`cvxtransformer.core.certificate.Certificate`, recomputed from Z
     screened : blocks proved zero by gap-safe screening (groups, or singular directions), or None
     history : list of :class:`Check` (iterative backends)
+    formulation : the CVXPY formulation ("compressed", "factored", "direct"), None when no CVXPY
+        problem was solved (the torch backend, or Z = 0 for beta >= beta_max)
     """
 
     program: object
@@ -77,6 +82,7 @@ class SolveResult:
     U2: Optional[np.ndarray] = None
     history: list = field(default_factory=list)
     screened: Optional[np.ndarray] = None
+    formulation: Optional[str] = None
 
     @property
     def certified(self):
@@ -84,8 +90,8 @@ class SolveResult:
 
     def summary(self):
         """JSON-ready dict: the fields of the command line's ``--json`` output."""
-        out = {"program": self.program, "loss": self.loss, "form": self.form, "solver": self.solver,
-               "beta": self.beta}
+        out = {"program": self.program, "loss": self.loss, "form": self.form, "formulation": self.formulation,
+               "solver": self.solver, "beta": self.beta}
         out.update(self.certificate.to_dict())
         out.update(status=self.status, solve_seconds=self.solve_seconds,
                    build_seconds=self.build_seconds, iterations=self.iterations)
