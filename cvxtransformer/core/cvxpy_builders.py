@@ -37,9 +37,11 @@ import numpy as np
 import torch
 
 from .errors import invalid
+from .regularizers import NuclearNorm
 
 FORMULATIONS = ("compressed", "factored", "direct")
 GRAM_BYTES = 16 * 2**20  # design rows per chunk of the compression
+BYTES_PER_COEFFICIENT = 260  # peak bytes of CVXPY's compilation and Clarabel's solve per nonzero (measured)
 
 
 @dataclass
@@ -74,6 +76,53 @@ def choose_formulation(problem, formulation="auto"):
     return formulation
 
 
+def _design_dims(program):
+    """(p, q, r): design columns, outputs per design row (the variable is (p, q) reshaped), rows per sample."""
+    p = program.design(0, 0).shape[1]
+    q = int(np.prod(program.cvxpy_variable().shape)) // p
+    return p, q, program.n_outputs // q
+
+
+def estimate_cvxpy_bytes(problem, form="primal", formulation="auto", solver="clarabel"):
+    """Peak bytes that building, compiling and solving ``problem`` through CVXPY will take, estimated
+    before any of it (nothing is built): ``BYTES_PER_COEFFICIENT`` (measured: CVXPY's compilation keeps
+    about 130 bytes per nonzero of the conic problem, Clarabel's KKT matrix and factor about as many again)
+    times the nonzeros of the map in ``formulation`` (``"compressed"``: at most p^2 q, whatever N;
+    ``"factored"``: the program's ``cvxpy_factored_size()``; ``"direct"``: N r p q, the dense design),
+    the loss's cones and the regulariser's, plus the arrays the builder itself holds and, for Clarabel,
+    the dense Hessian blocks of the nuclear norm's PSD cones (order (m + q')(m + q' + 1)/2 for a Z of
+    shape (m, q'), whatever N: what makes "mhsa" with d = 12 out of reach). ``form`` is "primal" or
+    "dual" (the same counts to this precision).
+
+    Example
+    -------
+    >>> import numpy as np, cvxtransformer as ct
+    >>> X = np.random.default_rng(0).standard_normal((10_000, 8, 16))
+    >>> P = ct.make_problem(X, X[:, 0, :4], program=10, beta=1.0)
+    >>> [estimate_cvxpy_bytes(P, formulation=f) // 2**20 for f in ("direct", "compressed")]   # MiB
+    [1299, 33]
+    """
+    formulation = choose_formulation(problem, formulation)
+    program = problem.program
+    p, q, r = _design_dims(program)
+    outputs = program.N * program.n_outputs
+    if formulation == "compressed":
+        coefficients, outputs, held = p * p * q, p * q, GRAM_BYTES + 4 * 8 * (p + q) ** 2
+    elif formulation == "factored":
+        coefficients, held = program.cvxpy_factored_size(), 8 * program.N * program.d ** 2
+    else:
+        coefficients, held = program.N * r * p * q, 8 * program.N * r * p
+    shape = program.shape
+    size = int(np.prod(shape))
+    cones, dense = 2 * size, 0
+    if isinstance(problem.regularizer, NuclearNorm):
+        blocks, order = size // (shape[-2] * shape[-1]), shape[-2] + shape[-1]
+        cones = blocks * order * (order + 1) // 2 + size
+        dense = 3 * 8 * blocks * (order * (order + 1) // 2) ** 2 if solver == "clarabel" else 0
+    loss = outputs * (2 if problem.loss.quadratic else 8)
+    return int(BYTES_PER_COEFFICIENT * (coefficients + loss + cones) + dense + held)
+
+
 class LeastSquares:
     """The squared-loss data term of a program compressed to the size of its coefficients.
 
@@ -104,9 +153,7 @@ class LeastSquares:
     def __init__(self, problem, chunk_bytes=GRAM_BYTES):
         t0 = time.perf_counter()
         program, T = problem.program, problem.T
-        p = program.design(0, 0).shape[1]
-        q = int(np.prod(program.cvxpy_variable().shape)) // p
-        r = program.n_outputs // q  # design rows per sample
+        p, q, r = _design_dims(program)
         H = torch.zeros(p + q, p + q, dtype=torch.float64)
         step = max(1, chunk_bytes // (8 * r * (p + q)))
         for s in range(0, program.N, step):

@@ -262,6 +262,11 @@ class LinearMHSAProgram(Program):
         readout = sp.csr_matrix((R.ravel(), (rows, cols)), shape=(self.N * r, self.N * d))
         return np.einsum("ita,itb->iab", X, X).reshape(self.N, d * d), readout
 
+    def cvxpy_factored_size(self):
+        """Nonzero coefficients of the factored map: N d^3 c (``G Z_kl``) + N r d c (the readout) + N d c."""
+        r = 1 if self.pooled else self.n
+        return self.N * self.d * self.c * (self.d ** 2 + r + 1)
+
     def cvxpy_factored_forward(self, Z):
         """``(Yhat, constraints)``: ``Yhat`` (N, n_outputs) = ``R_i M_i`` with the variable ``M == G Z_kl``."""
         import cvxpy as cp
