@@ -137,3 +137,17 @@ def test_the_memory_estimate_of_the_compact_forms_does_not_grow_with_N():
     assert estimate(10_000, "compressed") == estimate(100, "compressed")
     assert estimate(10_000, "direct") > 50 * estimate(100, "direct")
     assert estimate(1_000, "factored", program="mhsa") < estimate(1_000, "direct", program="mhsa") / 3
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_the_mhsa_gram_without_the_design_equals_the_designs(per_token):
+    """design_gram forms Phi^T Phi and Phi^T Y from the G_i; the dense design gives the reference."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((7, 4, 3))
+    y = rng.standard_normal((7, 4, 2)) if per_token else rng.standard_normal((7, 2))
+    program = ct.make_problem(X, y, program="mhsa", beta=1.0).program
+    A = np.asarray(program.design(2, 7))
+    Y = rng.standard_normal((A.shape[0], 2 if not per_token else 1))
+    H, B = program.design_gram(2, 7, Y)
+    np.testing.assert_allclose(H, A.T @ A, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(B, A.T @ Y, rtol=1e-12, atol=1e-12)

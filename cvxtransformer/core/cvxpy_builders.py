@@ -35,6 +35,7 @@ from typing import Callable
 import cvxpy as cp
 import numpy as np
 import torch
+from scipy.linalg import lapack, solve_triangular
 
 from .errors import invalid
 from .regularizers import NuclearNorm
@@ -123,6 +124,15 @@ def estimate_cvxpy_bytes(problem, form="primal", formulation="auto", solver="cla
     return int(BYTES_PER_COEFFICIENT * (coefficients + loss + cones) + dense + held)
 
 
+def _design_gram(program):
+    """``design_gram(start, stop, Y)`` from the design rows: ``(A^T A, A^T Y)`` of samples start:stop."""
+    def gram(start, stop, Y):
+        A = torch.from_numpy(np.ascontiguousarray(program.design(start, stop), dtype=float))
+        return (A.T @ A).numpy(), (A.T @ torch.from_numpy(np.ascontiguousarray(Y))).numpy()
+
+    return gram
+
+
 class LeastSquares:
     """The squared-loss data term of a program compressed to the size of its coefficients.
 
@@ -131,47 +141,51 @@ class LeastSquares:
 
         1/2 ||A C - Y||_F^2 = 1/2 ||R C - S||_F^2 + const      for every C,
 
-    from the Gram matrix ``H = A^T A = Q diag(lam) Q^T``, ``B = A^T Y`` and ``||Y||^2``, accumulated over
-    chunks of samples (only those rows of X are read: memory-mapped data is never loaded whole):
-    ``R = diag(sqrt(lam_k)) Q_k^T`` (k x p) and ``S = diag(1/sqrt(lam_k)) Q_k^T B`` over the eigenvalues
-    above ``p * eps * lam_max``, and ``const = 1/2 (||Y||^2 - ||S||^2)``. Why an eigendecomposition of the
-    Gram matrix: the Gram matrix is one pass of BLAS-3 products over the data (half the work of a
-    streamed QR, and the same product the torch backend forms), and keeping only the range makes a
-    singular ``A^T A`` (duplicated tokens, N < p, the symmetric ``G_i`` of "mhsa") harmless: R has full
-    row rank k, S stays bounded, and the dropped directions are those where ``A`` vanishes to rounding,
-    on which neither side depends. ``const`` makes the two sides equal for every C (the part of Y
-    outside the range of A): ``||Y||^2 - ||S||^2`` is that part's squared norm.
+    from ``H = A^T A``, ``B = A^T Y`` and ``||Y||^2``, accumulated over chunks of samples (only those rows of
+    X are read: memory-mapped data is never loaded whole) by the program's ``design_gram(start, stop, Y)``
+    when it has one ("mhsa": from the G_i, never forming the design), else from its design rows. Then a
+    Cholesky factorisation with complete pivoting, ``H[perm][:, perm] = L L^T`` (LAPACK ``dpstrf``), stops at
+    the numerical rank k (the pivot falls below ``p * eps * max(diag H)``): ``R = L^T`` with its columns put
+    back in place (k x p, full row rank), ``S = L_k^{-1} B[perm_k]`` (k x q, ``L_k`` the leading k x k block)
+    and ``const = 1/2 (||Y||^2 - ||S||^2)``, the squared norm of the part of Y outside the range of A, so
+    the two sides agree for every C. Why this factor: the Gram matrix is one pass of BLAS-3 products over
+    the data (half the work of a streamed QR, and the product the torch backend forms too), the pivoted
+    Cholesky costs p^2 k / 3 (an eigendecomposition ~9 p^3: seconds for "mhsa" with d = 12, p = 1728), and
+    stopping at the rank makes a singular ``A^T A`` (duplicated tokens, N < p, the symmetric ``G_i`` of
+    "mhsa", where k is about half of p) harmless: ``L_k`` is well conditioned on the range, S stays
+    bounded, and what is dropped is a Schur complement that is zero up to rounding. The CVXPY problem has
+    k q residuals and k p q coefficients, whatever N.
 
     Dual points: for any ``U`` (k x q) (the compressed residual ``S - R C``, or a solver's multiplier for
-    it), ``C' = R^+ (S - U)`` with ``R^+ = Q_k diag(1/sqrt(lam_k))`` has ``A^T (Y - A C') = R^T U``: the
-    full residual ``Y - A C'`` is the dual point of the whole problem that U stands for, and its
-    dual objective is ``<U, S> - 1/2 ||U||^2 + const``.
+    it), the C' with ``C'[perm_k] = L_k^{-T} (S - U)`` and zeros elsewhere has ``R C' = S - U``, hence
+    ``A^T (Y - A C') = R^T U``: the full residual ``Y - A C'`` is the dual point of the whole problem that U
+    stands for (its dual objective is ``<U, S> - 1/2 ||U||^2 + const``), computed in one pass over the data.
 
-    Attributes: ``R`` (k, p), ``S`` (k, q), ``const``, ``pinv`` (p, k), ``seconds`` (the pass over the data).
+    Attributes: ``R`` (k, p), ``S`` (k, q), ``const``, ``L`` (k, k), ``perm`` (k,), ``seconds`` (the pass).
     """
 
     def __init__(self, problem, chunk_bytes=GRAM_BYTES):
         t0 = time.perf_counter()
         program, T = problem.program, problem.T
         p, q, r = _design_dims(program)
-        H = torch.zeros(p + q, p + q, dtype=torch.float64)
+        gram = getattr(program, "design_gram", None) or _design_gram(program)
+        H, B, yy = np.zeros((p, p)), np.zeros((p, q)), 0.0
         step = max(1, chunk_bytes // (8 * r * (p + q)))
         for s in range(0, program.N, step):
-            e = min(s + step, program.N)
-            rows = np.concatenate([np.asarray(program.design(s, e), dtype=float), T[s:e].reshape(-1, q)], axis=1)
-            rows = torch.from_numpy(rows)
-            H.addmm_(rows.T, rows)
-        H = H.numpy()
-        lam, Q = np.linalg.eigh(H[:p, :p])
-        keep = lam > max(lam[-1], 0.0) * p * np.finfo(float).eps
-        if not keep.any():  # A = 0: the data term is the constant 1/2 ||Y||^2
-            lam, Q, keep = np.ones(1), np.zeros((p, 1)), np.ones(1, dtype=bool)
-        root = np.sqrt(lam[keep])
-        Qk = Q[:, keep]
-        self.R = root[:, None] * Qk.T
-        self.S = (Qk.T @ H[:p, p:]) / root[:, None]
-        self.const = 0.5 * (np.trace(H[p:, p:]) - np.sum(self.S ** 2))
-        self.pinv = Qk / root[None, :]
+            Y = T[s:min(s + step, program.N)].reshape(-1, q)
+            Hc, Bc = gram(s, min(s + step, program.N), Y)
+            H += Hc
+            B += Bc
+            yy += float(np.sum(Y * Y))
+        c, piv, k, _ = lapack.dpstrf(H, lower=1)  # H[perm][:, perm] = L L^T, L (p, k)
+        if k == 0:  # A = 0: the data term is the constant 1/2 ||Y||^2 (one zero row keeps the shapes nonempty)
+            self.perm, self.L, self.R, self.S = np.zeros(1, dtype=int), np.ones((1, 1)), np.zeros((1, p)), np.zeros((1, q))
+        else:
+            self.perm, self.L = piv[:k] - 1, np.tril(c[:k, :k])
+            self.R = np.zeros((k, p))
+            self.R[:, piv - 1] = np.tril(c)[:, :k].T
+            self.S = solve_triangular(self.L, B[self.perm], lower=True)
+        self.const = 0.5 * (yy - np.sum(self.S ** 2))
         self.p, self.q = p, q
         self.seconds = time.perf_counter() - t0
 
@@ -182,7 +196,8 @@ class LeastSquares:
     def dual_point(self, problem, U, shape):
         """The dual point ``Y - A C'`` (N, n_outputs) of the whole problem for a compressed one ``U``
         (one pass over the data); ``shape`` is that of the CVXPY variable."""
-        C = self.pinv @ (self.S - np.asarray(U, dtype=float))
+        C = np.zeros((self.p, self.q))
+        C[self.perm] = solve_triangular(self.L.T, self.S - np.asarray(U, dtype=float), lower=False)
         return problem.residual_dual(problem.program.from_cvxpy(C.reshape(shape)))
 
 

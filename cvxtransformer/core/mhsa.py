@@ -218,6 +218,31 @@ class LinearMHSAProgram(Program):
         G = np.einsum("ita,itb->iab", X, X)
         return np.einsum("ita,ikl->itkal", self._readout(X), G).reshape(-1, self.d ** 3)
 
+    def design_gram(self, start, stop, Y):
+        """``(Phi^T Phi, Phi^T Y)`` of the design rows of samples ``start:stop`` (``Y``: their targets, one
+        row per design row) without the design: row (i, t) is ``R_it (x) G_i``, so
+        ``Phi^T Phi[(k,a,l), (k',a',l')] = sum_i C_i[a,a'] G_i[k,l] G_i[k',l']`` with ``C_i = R_i^T R_i``, summed
+        over the d(d+1)/2 distinct entries of the symmetric ``G_i`` (2 N d^2 (d(d+1)/2)^2 operations against
+        the design's N r d^6) and ``Phi^T Y[(k,a,l), b] = sum_i G_i[k,l] (R_i^T Y_i)[a,b]``."""
+        d = self.d
+        X = np.asarray(self.X[start:stop], dtype=float)
+        R = self._readout(X)
+        rows = len(X)
+        C = np.einsum("ita,itb->iab", R, R).reshape(rows, d * d)
+        G = np.einsum("ita,itb->iab", X, X)
+        k, l = np.triu_indices(d)
+        U = G[:, k, l]  # (rows, d(d+1)/2)
+        UU = (U[:, :, None] * U[:, None, :]).reshape(rows, -1)
+        H = (C.T @ UU).reshape(d, d, len(k), len(k))  # (a, a', u, u')
+        index = np.zeros((d, d), dtype=int)
+        index[k, l] = index[l, k] = np.arange(len(k))
+        u = index[:, None, :]  # (k, 1, l): the distinct entry of (k, l)
+        H = H[np.arange(d)[None, :, None, None, None, None], np.arange(d)[None, None, None, None, :, None],
+              u[:, :, :, None, None, None], u[None, None, None]]  # (k, a, l, k', a', l')
+        RY = np.einsum("ita,itb->iab", R, Y.reshape(rows, R.shape[1], -1)).reshape(rows, -1)
+        B = np.einsum("ikl,ix->klx", G, RY).reshape(d, d, d, -1).transpose(0, 2, 1, 3)  # (k, a, l, b)
+        return H.reshape(d ** 3, d ** 3), B.reshape(d ** 3, -1)
+
     def cvxpy_variable(self):
         import cvxpy as cp
 
