@@ -5,7 +5,7 @@ from solvers import get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
 from .core.result import SolveResult
-from .core.validation import check_tol
+from .core.validation import check_problem, check_tol
 from .verify import certify
 
 
@@ -39,6 +39,7 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
     >>> ct.solve(P, "clarabel").certified
     True
     """
+    check_problem(problem)
     tol = check_tol(tol)
     backend = get_solver(solver)
     backend.validate(problem, form, options)

@@ -18,8 +18,8 @@ import time
 from solvers.proxgrad import ProxGrad
 
 from .core.certificate import assemble, best_dual
-from .core.errors import InvalidInputError
-from .core.validation import check_positive, check_tol
+from .core.errors import InvalidInputError, SolverError
+from .core.validation import check_positive, check_problem, check_tol
 
 REFINE_FLOOR = 1e-13  # relative gap of the refined point below which refinement stops
 
@@ -28,7 +28,7 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
     """A dual point for ``Z`` computed by the verifier (see the module docstring).
 
     Returns ``(V, seconds, status)``: V of shape (N, n_outputs) (not yet scaled: the certificate
-    makes it feasible), the wall time, and how the refinement ended.
+    makes it feasible; None when the refinement failed), the wall time, and how the refinement ended.
     """
     start = time.perf_counter()
     P_Z = float(problem.primal_objective(Z))
@@ -37,8 +37,11 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
     def stop(primal, dual):
         return primal - dual <= max(floor * scale, 0.1 * (P_Z - primal))
 
-    out = ProxGrad().solve(problem, tol=floor, init=Z, time_limit=time_limit, max_iter=10**7, stop=stop,
-                           screen_norms="auto")
+    try:
+        out = ProxGrad().solve(problem, tol=floor, init=Z, time_limit=time_limit, max_iter=10**7, stop=stop,
+                               screen_norms="auto")
+    except SolverError as exc:  # e.g. float64 overflow: the certificate falls back on the other dual points
+        return None, time.perf_counter() - start, f"failed: {exc}"
     return out.V, time.perf_counter() - start, out.status
 
 
@@ -72,7 +75,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
     (False, True)
     """
     tol = check_tol(tol)
-    Z = problem.program.check_Z(Z)
+    Z = check_problem(problem).program.check_Z(Z)
     candidates = {}
     if V is not None:
         candidates["given"] = problem.program.check_V(V)
@@ -87,6 +90,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
             refinement = (0.0, "not needed: the gap is already at " + ("tol" if refine == "auto" else "the floor"))
         else:
             V_ref, seconds, status = refine_dual(problem, Z, refine_time)
-            candidates["refined"] = V_ref
+            if V_ref is not None:
+                candidates["refined"] = V_ref
             refinement = (seconds, status)
     return assemble(problem, Z, candidates, tol, refinement)

@@ -169,34 +169,66 @@ def run_verify(args):
     from ..core.data import open_data
     from ..core.errors import InvalidInputError
     from ..core.io import load_npz
+    from ..core.validation import check_beta
     from ..verify import certify
 
     data = open_data(args.data)
     res = load_npz(args.result, "RESULT", ("Z",))
     if ("U1" in res) != ("U2" in res):
         raise InvalidInputError("RESULT: it holds only one of U1, U2; save both or neither")
+    stored = None if "beta" not in res else check_beta(_scalar(res["beta"]), "RESULT: beta")
     X, y = data.rows()
+    gates = _gates(args, data, res)
     problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2))
-    if res["Z"].shape != problem.program.shape:
-        raise InvalidInputError(f"RESULT: Z has shape {res['Z'].shape}, {problem.program.label} on this data needs "
-                                f"{problem.program.shape}; check --program, --gates and DATA")
-    if not np.all(np.isfinite(res["Z"])):
-        raise InvalidInputError("RESULT: Z has NaN/Inf entries; it is not a solution to certify")
+    if np.shape(res["Z"]) != problem.program.shape:
+        raise InvalidInputError(f"RESULT: Z has shape {np.shape(res['Z'])}, {problem.program.label} on this data "
+                                f"needs {problem.program.shape}; check --program, --gates and DATA")
+    Z = problem.program.check_Z(res["Z"], "RESULT: Z")
     V = res.get("V")
     if V is not None:
         V = problem.program.check_V(V, "RESULT: V")
     summary = {"program": problem.program.name, "loss": args.loss, "form": "given", "solver": "none"}
-    if "beta" in res:
-        stored = float(res["beta"])
+    if gates is not None:
+        summary["gates"] = gates
+    if stored is not None:
         summary["result_beta"] = stored
         if not np.isclose(stored, problem.beta, rtol=1e-12, atol=0):
             print(f"cvxtransformer verify: note: RESULT was solved at beta = {stored:.10g}; certifying at "
                   f"beta = {problem.beta:.10g} (from --beta/--beta-frac)", file=sys.stderr)
-    cert = certify(problem, res["Z"], V=V, tol=args.tol, refine=not args.no_refine, refine_time=args.refine_time)
+    cert = certify(problem, Z, V=V, tol=args.tol, refine=not args.no_refine, refine_time=args.refine_time)
     summary.update(cert.to_dict())
     summary["status"] = "none (a given Z)"
     _print(args, summary)
     return 0 if cert.certified else 1
+
+
+def _scalar(a):
+    """A 0-d or one-element numeric array as a Python number (anything else is returned as is, for
+    the check that follows to refuse by name)."""
+    import numpy as np
+
+    a = np.asarray(a)
+    return a.reshape(()).item() if a.size == 1 and a.dtype.kind in "iuf" else a
+
+
+def _gates(args, data, res):
+    """Where the gates of program (12) come from ("RESULT", "DATA" or "sampled (--gates H --gate-seed S)");
+    None for the other programs. When RESULT and DATA both hold gates and they differ, RESULT's are used
+    (the gates Z was solved with) and a note on stderr says so."""
+    import sys
+
+    import numpy as np
+
+    if args.program != 12:
+        return None
+    in_data = data.U1 is not None
+    if "U1" not in res:
+        return "DATA" if in_data else f"sampled (--gates {args.gates} --gate-seed {args.gate_seed})"
+    if in_data and not all(np.shape(res[k]) == np.shape(getattr(data, k)) and np.array_equal(res[k], getattr(data, k))
+                           for k in ("U1", "U2")):
+        print("cvxtransformer verify: note: RESULT's gates U1, U2 differ from DATA's; certifying with RESULT's (the "
+              "gates Z was solved with)", file=sys.stderr)
+    return "RESULT"
 
 
 # ----------------------------------------------------------------------------- demo

@@ -35,6 +35,7 @@ import torch
 
 from .arrays import F64, numpy_face, to_numpy, to_tensor
 from .errors import invalid
+from .validation import check_allocation, check_int
 
 
 def _simplex(P):
@@ -192,15 +193,18 @@ class CrossEntropyLoss(Loss):
                 raise invalid("y", "integer class labels in [0, c) for the cross-entropy loss", "non-integer values")
         elif y.dtype.kind not in "iu":
             raise invalid("y", "integer class labels for the cross-entropy loss", f"dtype {y.dtype}")
-        y = y.astype(np.int64)
-        c = int(y.max()) + 1 if n_classes is None else int(n_classes)
-        if y.min() < 0 or y.max() >= c:
-            raise invalid("y", f"class labels in [0, {c})", f"labels from {y.min()} to {y.max()}",
-                          "number classes 0..c-1")
+        low, top = float(y.min()), float(y.max())  # before any conversion: labels may be beyond int64
+        c = int(top) + 1 if n_classes is None else check_int("n_classes", n_classes, 1)
+        if low < 0 or top >= c:
+            raise invalid("y", f"class labels in [0, {c})", f"labels from {low:g} to {top:g}", "number classes 0..c-1")
         if c < 2:
             raise invalid("y", "at least 2 classes for the cross-entropy loss", f"{c} class",
                           "pass n_classes or use the logistic/squared loss")
-        return np.eye(c)[y]
+        check_allocation("y", 8.0 * len(y) * c, f"one-hot targets of {len(y)} samples x {c} classes",
+                         "number the classes 0..c-1 (c is the largest label + 1, or n_classes / --classes)")
+        T = np.zeros((len(y), c))
+        T[np.arange(len(y)), y.astype(np.int64)] = 1.0
+        return T
 
     @numpy_face
     def value(self, Yhat, T):

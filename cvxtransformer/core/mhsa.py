@@ -172,6 +172,7 @@ class LinearMHSAProgram(Program):
     name = "mhsa"
     label = "program (6) (linear MHSA)"
     regularizer_class = NuclearNorm
+    degree = 3  # yhat_i = sum_kl G_i[k, l] X_i Z^(k,l) with G_i = X_i^T X_i: cubic in X
 
     def __init__(self, X, c, pooled):
         super().__init__(X)

@@ -12,7 +12,7 @@ from .errors import invalid
 from .losses import get_loss
 from .mhsa import LinearMHSAProgram
 from .programs import AttentionProgram, sample_gates
-from .validation import check_array, check_beta, check_int
+from .validation import check_array, check_beta, check_int, check_scale
 
 PROGRAMS = (8, 10, 12, "mhsa")
 ALLOWED_LOSSES = {8: ("squared", "logistic"), 10: ("squared", "logistic", "cross_entropy"),
@@ -125,13 +125,9 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
                       "use program 10 or 12 for several outputs")
     X = check_array("X", X, 3, "shape (N, n, d)")
     N, n, d = X.shape
-    y_arr = np.asarray(y)
+    y_arr = check_array("y", y, what="numeric targets", nonempty=False)
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
-    if y_arr.dtype.kind not in "biuf":
-        raise invalid("y", "numeric targets", f"dtype {y_arr.dtype}")
-    if y_arr.dtype.kind == "f" and not np.all(np.isfinite(y_arr)):
-        raise invalid("y", "finite values", "NaN/Inf entries", "remove or impute them")
     if y_arr.ndim == 3 and y_arr.shape[1] != n:
         raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
     if program == 8 and y_arr.ndim != 1:
@@ -159,4 +155,4 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
             if U1.shape[1] != n or U2.shape[1] != d or U1.shape[0] != U2.shape[0]:
                 raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
         prog = AttentionProgram(12, X, T.shape[1], U1, U2)
-    return ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta))
+    return check_scale(ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta)))

@@ -33,6 +33,7 @@ from .arrays import F64, device_budget, numpy_face, resolve_device, resolve_dtyp
 from .data import StreamedRows, file_backed, storage
 from .errors import invalid
 from .regularizers import GroupLasso
+from .validation import check_coefficients, check_dual_point, log10_norm, max_abs
 
 CHUNK_BYTES = 8 * 2**20  # temporaries per chunk of samples
 
@@ -350,13 +351,14 @@ class Program:
 
     name = None
     regularizer_class = None
+    degree = 1  # yhat is a polynomial of this degree in X (linear MHSA: 3); scales the magnitude checks
     shards = None  # the data shards of a distributed solve (solvers.distributed); set before any operator
 
     def __init__(self, X):
         self.X = X
         self.N = X.shape[0]
         self._ops = {}
-        self._block_norms = None
+        self._block_norms = self._log_norm = None
 
     def operator(self, device="cpu", dtype=F64, chunk=None):
         """The torch operator on ``device`` in ``dtype`` (cached for the default chunking)."""
@@ -382,33 +384,28 @@ class Program:
         return self._op_for(V).adjoint(V).reshape(self.shape)
 
     def check_Z(self, Z, name="Z"):
-        """``Z`` as a finite float64 array of this program's shape; errors name the argument."""
-        try:
-            Z = np.asarray(Z, dtype=float)
-        except (TypeError, ValueError):
-            raise invalid(name, f"a numeric array of shape {self.shape}", type(Z).__name__) from None
-        if Z.shape != self.shape:
-            raise invalid(name, f"shape {self.shape} for {self.label}", f"shape {Z.shape}")
-        if not np.all(np.isfinite(Z)):
-            raise invalid(name, "finite values", f"{np.count_nonzero(~np.isfinite(Z))} NaN/Inf entries",
-                          "it is not a solution to certify")
-        return Z
+        """``Z`` as a finite float64 array of this program's shape; errors name the argument
+        (:func:`~.validation.check_coefficients`)."""
+        return check_coefficients(self, Z, name)
 
     def check_V(self, V, name="V"):
         """A candidate dual point as a finite float64 array of shape (N, n_outputs) ((N,) accepted when
-        there is one output)."""
-        try:
-            V = np.asarray(V, dtype=float)
-        except (TypeError, ValueError):
-            raise invalid(name, f"a numeric array of shape {(self.N, self.n_outputs)}", type(V).__name__) from None
-        if V.shape == (self.N,) and self.n_outputs == 1:
-            V = V[:, None]
-        if V.shape != (self.N, self.n_outputs):
-            raise invalid(name, f"shape {(self.N, self.n_outputs)} (one dual value per sample and output)",
-                          f"shape {V.shape}")
-        if not np.all(np.isfinite(V)):
-            raise invalid(name, "finite values", "NaN/Inf entries")
-        return V
+        there is one output; :func:`~.validation.check_dual_point`)."""
+        return check_dual_point(self, V, name)
+
+    def gate_arrays(self):
+        """The arrays besides X that define the map (e.g. the gates of program (12)), by name."""
+        return {}
+
+    def log_norm(self):
+        """log10 of a bound on the norm of the map ``Z -> yhat`` (the Frobenius norm of its design):
+        at most ``N n size(Z)`` entries of at most ``n**(degree-1) max|X|**degree`` (one pass over X,
+        cached). The magnitude checks of :mod:`.validation` compare it with float64's range."""
+        if self._log_norm is None:
+            N, n = self.X.shape[:2]
+            self._log_norm = log10_norm(max_abs(self.X), N * n * int(np.prod(self.shape)), self.degree,
+                                        float(n) ** (self.degree - 1))
+        return self._log_norm
 
     def __repr__(self):
         return f"{type(self).__name__}({self.label}, shape={self.shape})"
@@ -436,6 +433,9 @@ class AttentionProgram(Program):
         self.mask = None if U1 is None else gate_mask(X, U1, U2)
         self.h = 1 if U1 is None else U1.shape[0]
         self._tokens = False  # one_hot_tokens(X), computed with the first operator
+
+    def gate_arrays(self):
+        return {} if self.U1 is None else {"U1": self.U1, "U2": self.U2}
 
     @property
     def label(self):

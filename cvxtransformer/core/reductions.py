@@ -32,6 +32,7 @@ import numpy as np
 
 from .errors import invalid
 from .mhsa import LinearMHSAProgram
+from .validation import check_problem
 
 
 @dataclass
@@ -196,12 +197,9 @@ def reduction_for(program):
 def recover_weights(problem, Z, form="balanced"):
     """The nonconvex network's weights behind coefficients Z of ``problem`` (the program's shape):
     Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6)."""
-    if not hasattr(problem, "reduction"):
-        raise invalid("problem", "a ConvexProblem from make_problem", type(problem).__name__,
-                      "call recover_weights(problem, Z)")
-    return problem.reduction.invert(problem, problem.program.check_Z(Z), form)
+    return check_problem(problem).reduction.invert(problem, problem.program.check_Z(Z), form)
 
 
 def nonconvex_objective(problem, weights):
     """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in numpy."""
-    return problem.reduction.objective(problem, weights)
+    return check_problem(problem).reduction.objective(problem, weights)
