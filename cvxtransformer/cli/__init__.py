@@ -2,11 +2,15 @@
 
 Exit codes: 0 success (and, for solve/verify/demo/compare, certified); 1 the run finished but the
 certificate did not reach ``--tol``; 2 a user error (one line on stderr, no traceback, no output
-file). Every command module imports only the standard library at import time, so ``--help`` is
+file); 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM), each with one line on stderr and no
+temporary or half-written file left. Every command module imports only the standard library at import time, so ``--help`` is
 instant; numpy, cvxpy and torch are imported when a command runs.
 """
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 
 from .. import __version__
 from ..energy import command as energy
@@ -83,15 +87,42 @@ def main(argv=None):
     except SystemExit as exc:  # --help, --version, or a usage error (already printed on one line)
         return exc.code
     from ..core.errors import CvxTransformerError
+    from ..core.io import reading_inputs
 
     try:
-        return args.run(args)
+        with reading_inputs(), _sigterm_raises():
+            return args.run(args)
     except CvxTransformerError as exc:
         print(f"cvxtransformer {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"cvxtransformer {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"cvxtransformer {args.command}: terminated", file=sys.stderr)
+        return 143
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that every cleanup
+    (a temporary file of core/io.py's atomic writes, a process group) runs before the exit."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While a command runs (in the main thread): SIGTERM raises :class:`Terminated`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 from .options import add_problem_arguments, make_problem_from, positive_float, positive_int, tolerance
 
 TORCH_ONLY = ("device", "dtype", "progress", "chunk_size")
+LOCAL = ("data", "out", "json", "verbose", "progress", "run", "command")  # options a process may have its own of
 
 
 def format_certificate(s):
@@ -30,6 +31,8 @@ def format_certificate(s):
     lemma = s.get("recovered_objective_lemma1")
     lines.append(f"  nonconvex objective      {s['recovered_objective']:.12g}  (balanced"
                  + ("" if lemma is None else f"; Lemma 1: {lemma:.12g}") + ")")
+    if s.get("processes") is not None:
+        lines.append(f"  processes                {s['processes']} (torch.distributed, one shard of the samples each)")
     if s.get("solve_seconds") is not None:
         lines.append(f"  time                     solve {s['solve_seconds']:.3f} s, build {s.get('build_seconds', 0):.3f} s")
     lines.append(f"  verdict                  {verdict}")
@@ -85,8 +88,6 @@ def run_solve(args):
     from ..core.io import check_output_file
     from ..solving import solve
 
-    if args.out and not args.distributed:
-        check_output_file(args.out, "--out")
     options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("progress", args.progress))
                if v is not None}
     if options and args.solver != "fista":
@@ -94,7 +95,9 @@ def run_solve(args):
     options.update({k: v for k, v in (("max_iter", args.max_iter), ("time_limit", args.time_limit)) if v is not None})
     if args.distributed:
         return _run_distributed(args, options)
-    data = open_data(args.data)
+    data = open_data(args.data)  # headers only (a .npz is loaded): then --out is checked against the inputs
+    if args.out:
+        check_output_file(args.out, "--out")
     X, y = data.rows()
     problem = make_problem_from(args, X, y, data.U1, data.U2)
     refine = False if args.no_refine else "auto"
@@ -108,7 +111,31 @@ def run_solve(args):
 
 def _run_distributed(args, options):
     """``solve --distributed`` on this process (one of torchrun's): checks on every process before
-    any work, this process's rows of DATA, the solve, V gathered on rank 0, which prints and writes."""
+    any work (the same options, the same DATA, the same gates), this process's rows of DATA, the
+    solve, V gathered on rank 0, which prints and writes. An error that every process raises alike
+    is printed once, by rank 0."""
+    import torch.distributed as dist
+
+    from solvers import distributed
+
+    from ..core.errors import CvxTransformerError, InvalidInputError
+
+    if args.solver != "fista" or args.form != "primal":
+        raise InvalidInputError(f"--distributed: only for --solver fista (primal form), got --solver {args.solver} "
+                                f"--form {args.form}")
+    options["device"] = distributed.init(options.get("device", "cpu"), args.dist_timeout)
+    rank = dist.get_rank()
+    try:
+        return _solve_distributed(args, options, rank)
+    except CvxTransformerError as exc:
+        if rank != 0 and getattr(exc, "every_process", False):
+            return 2  # the same error on every process: rank 0 prints it, once
+        raise
+    finally:
+        distributed.finish()
+
+
+def _solve_distributed(args, options, rank):
     import argparse
     import dataclasses
 
@@ -117,39 +144,32 @@ def _run_distributed(args, options):
     from solvers import distributed
 
     from ..core.data import open_data
-    from ..core.errors import InvalidInputError
     from ..core.io import check_output_file
     from ..solving import solve
 
-    if args.solver != "fista" or args.form != "primal":
-        raise InvalidInputError(f"--distributed: only for --solver fista (primal form), got --solver {args.solver} "
-                                f"--form {args.form}")
-    options["device"] = distributed.init(options.get("device", "cpu"), args.dist_timeout)
-    try:
-        rank = dist.get_rank()
-        distributed.agree(lambda: rank == 0 and args.out and check_output_file(args.out, "--out"))
-        data = distributed.agree(open_data, args.data)
-        local = argparse.Namespace(**dict(vars(args), beta_frac=None))  # beta_max is known once sharded
+    distributed.check_same({f"--{k.replace('_', '-')}": v for k, v in sorted(vars(args).items()) if k not in LOCAL},
+                           "launch every process with the same options")
+    data = distributed.agree(open_data, args.data)
+    distributed.agree(lambda: rank == 0 and args.out and check_output_file(args.out, "--out"))
+    local = argparse.Namespace(**dict(vars(args), beta_frac=None))  # beta_max is known once sharded
 
-        def build(X, y, U1, U2, max_label):
-            if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
-                local.classes = max_label + 1  # the classes of every shard
-            return make_problem_from(local, X, y, U1, U2)
+    def build(X, y, U1, U2, max_label):
+        if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
+            local.classes = max_label + 1  # the classes of every shard
+        return make_problem_from(local, X, y, U1, U2)
 
-        problem = distributed.shard_data(data, build)
-        if args.beta_frac is not None:
-            problem = problem.with_beta(args.beta_frac * problem.beta_max())
-        result = solve(problem, solver="fista", tol=args.tol, verbose=args.verbose,
-                       refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
-        V = problem.program.shards.gather_rows(result.V)
-        if rank == 0:
-            result = dataclasses.replace(result, V=V)
-            if args.out:
-                result.save(args.out)
-            _print(args, result.summary())
-        return 0 if result.certified else 1
-    finally:
-        distributed.finish()
+    problem = distributed.shard_data(data, build)
+    if args.beta_frac is not None:
+        problem = problem.with_beta(args.beta_frac * problem.beta_max())
+    result = solve(problem, solver="fista", tol=args.tol, verbose=args.verbose,
+                   refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
+    V = problem.program.shards.gather_rows(result.V)
+    if rank == 0:
+        result = dataclasses.replace(result, V=V)
+        if args.out:
+            result.save(args.out)
+        _print(args, dict(result.summary(), processes=dist.get_world_size()))
+    return 0 if result.certified else 1
 
 
 # ----------------------------------------------------------------------------- verify

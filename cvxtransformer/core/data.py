@@ -6,7 +6,7 @@
 * a directory holding ``X.npy`` (N, n, d) and ``y.npy`` (N, ...) (optionally ``U1.npy``, ``U2.npy``):
   ``X`` is memory-mapped, never read whole;
 * several such directories (shards; rows concatenated in the order given), or one directory whose
-  subdirectories are the shards (sorted by name).
+  subdirectories are the shards (sorted by name; every one must hold its X.npy and y.npy).
 
 A process keeps the rows it needs (:meth:`DataSet.rows`): a memory map of them when they lie in
 one file (no copy), a copy when they span several. Memory-mapped ``X`` (float64 or float32) is
@@ -31,7 +31,7 @@ import torch
 
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
-from .io import load_npz
+from .io import load_npz, record_input
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
 
@@ -53,6 +53,7 @@ def split_rows(N, world, rank):
 
 
 def _npy(path, role, name):
+    record_input(path)
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
@@ -105,6 +106,9 @@ class DataSet:
 
 
 def _shard_dirs(paths, role):
+    """The shard folders of DATA: each path that holds X.npy, or every subfolder of one that does not
+    (sorted by name; hidden ones, such as .ipynb_checkpoints, aside). A subfolder without X.npy is
+    an error naming it: a shard removed, renamed or not yet written is never dropped silently."""
     dirs = []
     for path in paths:
         path = os.fspath(path)
@@ -112,10 +116,17 @@ def _shard_dirs(paths, role):
             dirs.append(path)
         elif os.path.isdir(path):
             subs = sorted(os.path.join(path, s) for s in os.listdir(path)
-                          if os.path.isfile(os.path.join(path, s, "X.npy")))
+                          if not s.startswith(".") and os.path.isdir(os.path.join(path, s)))
             if not subs:
                 raise InvalidInputError(f"{role}: folder {path!r} holds no X.npy (nor shard folders with one); "
                                         "save X.npy and y.npy there")
+            for sub in subs:
+                if not os.path.isfile(os.path.join(sub, "X.npy")):
+                    held = sorted(os.listdir(sub))
+                    raise InvalidInputError(
+                        f"{role}: shard folder {sub!r} of {path!r} has no X.npy (it holds "
+                        f"{', '.join(held[:5]) + (', ...' if len(held) > 5 else '') if held else 'nothing'}); "
+                        "restore the shard's X.npy and y.npy, or move the folder out of DATA")
             dirs.extend(subs)
         else:
             raise InvalidInputError(f"{role}: {path!r} not found")
