@@ -189,14 +189,13 @@ def run_verify(args):
     from ..core.data import open_data
     from ..core.errors import InvalidInputError
     from ..core.io import load_npz
-    from ..core.validation import check_beta
     from ..verify import certify
 
     data = open_data(args.data)
     res = load_npz(args.result, "RESULT", ("Z",))
     if ("U1" in res) != ("U2" in res):
         raise InvalidInputError("RESULT: it holds only one of U1, U2; save both or neither")
-    stored = None if "beta" not in res else check_beta(_scalar(res["beta"]), "RESULT: beta")
+    stored = None if "beta" not in res else _stored_beta(res["beta"])
     X, y = data.rows()
     gates = _gates(args, data, res)
     problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2))
@@ -222,13 +221,19 @@ def run_verify(args):
     return 0 if cert.certified else 1
 
 
-def _scalar(a):
-    """A 0-d or one-element numeric array as a Python number (anything else is returned as is, for
-    the check that follows to refuse by name)."""
+def _stored_beta(a):
+    """RESULT's ``beta``: one finite number > 0 (a 0-d or one-element numeric array)."""
     import numpy as np
 
+    from ..core.errors import invalid
+
     a = np.asarray(a)
-    return a.reshape(()).item() if a.size == 1 and a.dtype.kind in "iuf" else a
+    value = a.reshape(()).item() if a.size == 1 and a.dtype.kind in "iuf" else None
+    if value is None or not np.isfinite(value) or value <= 0:
+        given = repr(value) if value is not None else f"an array of shape {a.shape}, dtype {a.dtype}"
+        raise invalid("RESULT: beta", "one finite number > 0", given,
+                      "save beta as a number (np.savez(path, Z=Z, beta=0.1)), or leave it out")
+    return float(value)
 
 
 def _gates(args, data, res):

@@ -12,6 +12,8 @@ from typing import Callable
 import cvxpy as cp
 import numpy as np
 
+from .validation import check_problem
+
 
 @dataclass
 class Built:
@@ -25,7 +27,7 @@ class Built:
 
 def build_primal(problem):
     """``min_Z sum_i L(yhat_i, y_i) + R(Z)`` with ``yhat = A(Z)`` as an explicit constraint."""
-    program = problem.program
+    program = check_problem(problem).program
     W = program.cvxpy_variable()
     Yhat = cp.Variable((program.N, program.n_outputs), name="Yhat")
     prediction = Yhat == program.cvxpy_forward(W)
@@ -40,7 +42,7 @@ def build_primal(problem):
 def build_dual(problem):
     """``max_V sum_i -L*(-V_i)`` s.t. ``dual_norm(A^T V) <= beta``: (21)/(28)/(33), or the spectral-norm
     dual of program (6). The primal is read back from the multipliers of the norm constraint."""
-    program = problem.program
+    program = check_problem(problem).program
     V = cp.Variable((program.N, program.n_outputs), name="V")
     objective, domain = problem.loss.cvxpy_dual(V, problem.T)
     blocks = program.cvxpy_blocks(program.cvxpy_adjoint(V))

@@ -31,7 +31,7 @@ import torch
 
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
-from .io import load_npz, record_input
+from .io import load_npz, record_input, why_unreadable
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
 
@@ -60,10 +60,11 @@ def _npy(path, role, name):
         raise InvalidInputError(f"{role}: {os.path.dirname(path)!r} has no {name}.npy; save it with "
                                 f"np.save('{name}.npy', ...)") from None
     except (OSError, ValueError) as exc:
-        raise InvalidInputError(f"{role}: {path!r} is not a readable .npy file ({exc}); write it with "
-                                "numpy.save from a numeric array") from None
-    if a.dtype.kind not in "biuf":
-        raise InvalidInputError(f"{role}: {path!r} holds dtype {a.dtype}; expected numbers")
+        raise InvalidInputError(f"{role}: {path!r} is not a readable .npy file ({why_unreadable(path, exc, '.npy')}); "
+                                "write it with numpy.save from a numeric array") from None
+    if a.dtype.kind not in "iuf":
+        raise InvalidInputError(f"{role}: {path!r} holds dtype {a.dtype}; expected real numbers (booleans are not "
+                                "taken as 0/1, nor strings parsed)")
     return a
 
 

@@ -180,6 +180,25 @@ def save_figure(fig, path, dpi=120):
         plt.close(fig)
 
 
+def why_unreadable(path, exc, kind):
+    """Why numpy could not read ``path`` as a ``kind`` (".npy" or ".npz") file, from its first bytes:
+    object arrays, damage, or another format (a text file...). numpy's own message is never
+    repeated: it advises unpickling, which would run code from the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError as error:
+        return f"it cannot be read: {error.strerror or error}"
+    if not head:
+        return "it is empty"
+    if head.startswith((b"PK", b"\x93NUMPY")):  # a zip archive (.npz) or an .npy header
+        objects = "allow_pickle" in str(exc) or "Python objects" in str(exc)
+        return "it holds object arrays, which are not loaded" if objects else f"corrupt or not in the {kind} format"
+    text = head.decode("utf-8", "replace")
+    looks = "a text file" if all(c.isprintable() or c.isspace() for c in text) else "another binary format"
+    return f"not in the {kind} format: it looks like {looks}"
+
+
 def load_npz(path, role, required=()):
     """The arrays of a .npz file as a dict. Object arrays are refused (never unpickled).
 
@@ -197,11 +216,9 @@ def load_npz(path, role, required=()):
     except PermissionError:
         raise InvalidInputError(f"{role}: {os.fspath(path)!r} cannot be read (permission denied)") from None
     except Exception as exc:  # noqa: BLE001 - any failure to parse the file is the file's fault
-        # numpy's own message for object arrays suggests allow_pickle=True: never repeat that advice
-        why = "it holds object arrays, which are not loaded" if "allow_pickle" in str(exc) else \
-            "corrupt or not in the .npz format"
-        raise InvalidInputError(f"{role}: {os.fspath(path)!r} is not a readable .npz file ({why}); "
-                                "write it with numpy.savez from numeric arrays") from None
+        raise InvalidInputError(f"{role}: {os.fspath(path)!r} is not a readable .npz file "
+                                f"({why_unreadable(path, exc, '.npz')}); write it with numpy.savez from numeric "
+                                "arrays") from None
     missing = [k for k in required if k not in data]
     if missing:
         raise InvalidInputError(f"{role}: {os.fspath(path)!r} has no array {missing[0]!r} (it holds "

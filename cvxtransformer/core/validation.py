@@ -72,7 +72,8 @@ def _as_real(name, a, what):
     if kind == "O" and all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in a.flat):
         return a.astype(float)  # an object array of numbers (e.g. from a mixed data frame)
     if kind == "c":  # converting would drop the imaginary parts
-        raise invalid(name, "real numbers", "complex values", "pass real and imaginary parts as separate features")
+        raise invalid(name, "real numbers", "complex values",
+                      f"pass np.real({name}) on purpose if only the real part is meant")
     if kind == "b":
         raise invalid(name, f"a numeric array of {what}", "booleans",
                       f"convert them on purpose if 0/1 is meant ({name}.astype(float))")
