@@ -1,7 +1,7 @@
 """``solve``: one entry point for every backend, returning a certified :class:`SolveResult`."""
 import numpy as np
 
-from solvers import get_solver
+from solvers import SOLVERS, get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
 from .core.result import SolveResult
@@ -9,14 +9,45 @@ from .core.validation import check_problem, check_tol
 from .verify import certify
 
 
-def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, screen=True, refine="auto",
+AUTO_COEFFICIENTS = 2e5  # CVXPY coefficients (design rows x features x columns) up to which "auto" takes Clarabel
+
+
+def choose_solver(problem, form="primal", options=(), tol=1e-6):
+    """``(solver, why)``: the backend that ``solver="auto"`` takes for ``problem``. Clarabel (interior
+    point: the tightest certificates) for a small CVXPY problem, the torch backend ("fista", which
+    never forms the design and streams the data) otherwise, or when an option or the form
+    needs one of them (the dual form: CVXPY; a sharded problem or a torch option: fista)."""
+    from .core.cvxpy_builders import design_size, estimate_cvxpy_bytes
+    from .core.validation import available_bytes, format_bytes
+
+    clarabel = SOLVERS["clarabel"]()
+    torch_only = sorted(set(options) - set(clarabel.translate) - set(clarabel.settings(tol, {})))
+    if form != "primal":
+        return "clarabel", f"auto: the {form} form is solved by CVXPY"
+    if problem.program.shards is not None:
+        return "fista", "auto: a problem sharded over processes"
+    if torch_only:
+        return "fista", f"auto: option {torch_only[0]} is the torch backend's"
+    rows, features, columns = design_size(problem)
+    size = float(rows) * features * columns
+    need, room = estimate_cvxpy_bytes(problem, form), available_bytes()
+    if size <= AUTO_COEFFICIENTS and need <= room / 2:
+        return "clarabel", f"auto: a small problem ({size:.2g} CVXPY coefficients <= {AUTO_COEFFICIENTS:.0e})"
+    why = f"{size:.2g} CVXPY coefficients > {AUTO_COEFFICIENTS:.0e}" if size > AUTO_COEFFICIENTS else \
+        f"CVXPY would take about {format_bytes(need)} of {format_bytes(room)} available"
+    return "fista", f"auto: {why}"
+
+
+def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen=True, refine="auto",
           refine_time=10.0, **options):
     """Solve a :class:`ConvexProblem` and certify the solution.
 
     Parameters
     ----------
     problem : ConvexProblem, from :func:`cvxtransformer.make_problem`
-    solver : "clarabel" or "scs" (CVXPY backends), or "fista" (the torch proximal-gradient backend)
+    solver : "clarabel" or "scs" (CVXPY backends), "fista" (the torch proximal-gradient backend), or
+        "auto" (:func:`choose_solver`: Clarabel for a small problem, fista otherwise; the result's
+        ``solver`` names the one taken and ``solver_choice`` why)
     form : "primal" solves the program; "dual" solves its dual ((21)/(28)/(33), or the spectral-norm
         dual of program (6)) and reads Z back from the multipliers of the norm constraints
     tol : relative duality gap at which the result is ``certified`` (recomputed by the verifier)
@@ -38,9 +69,15 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
     >>> P = ct.make_problem(X, X[:, 1, 0], program=8, beta=1.0)
     >>> ct.solve(P, "clarabel").certified
     True
+    >>> result = ct.solve(P)   # solver="auto"
+    >>> result.solver, result.solver_choice
+    ('clarabel', 'auto: a small problem (3.6e+02 CVXPY coefficients <= 2e+05)')
     """
     check_problem(problem)
     tol = check_tol(tol)
+    choice = None
+    if solver == "auto":
+        solver, choice = choose_solver(problem, form, options, tol)
     backend = get_solver(solver)
     backend.validate(problem, form, options)
     program = problem.program
@@ -58,7 +95,7 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
     if screened is None:
         screened = gap_safe_screen(problem, cert.V, cert.duality_gap)
     V_out = cert.V[:, 0] if program.n_outputs == 1 and program.name == 8 else cert.V
-    return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver,
+    return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver, solver_choice=choice,
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
                        build_seconds=times[0], solve_seconds=times[1], iterations=iterations,
                        U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), history=history,

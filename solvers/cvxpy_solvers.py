@@ -5,9 +5,10 @@ import warnings
 
 import cvxpy as cp
 
-from cvxtransformer.core.cvxpy_builders import BUILDERS
+from cvxtransformer.core.cvxpy_builders import BUILDERS, design_size, estimate_cvxpy_bytes
 from cvxtransformer.core.errors import MissingDependencyError, SolverError
 from cvxtransformer.core.result import BackendOutput
+from cvxtransformer.core.validation import check_allocation
 
 from .base import Solver
 
@@ -38,6 +39,11 @@ class CVXPYSolver(Solver):
 
     def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
         label = problem.program.label
+        rows, features, columns = design_size(problem)
+        check_allocation("solver", estimate_cvxpy_bytes(problem, form, self.name),
+                         f"{self.name} on the CVXPY {form} of {label} ({float(rows) * features * columns:.2g} "
+                         "coefficients), which would take about",
+                         "use solver='fista' (--solver fista), the torch backend, which never forms it")
         t0 = time.perf_counter()
         built = BUILDERS[form](problem)
         t1 = time.perf_counter()

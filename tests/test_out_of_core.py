@@ -210,15 +210,17 @@ MEMORY_SCRIPT = textwrap.dedent("""
     def vm_data():
         return int(re.search(r"VmData:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
 
-    folder, limit = sys.argv[1], int(sys.argv[2])
+    folder, limit, loss = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     rng = np.random.default_rng(0)  # every code path once on a small problem (imports, first buffers)
     Xs = rng.standard_normal((200, 4, 3))
-    small = ct.make_problem(Xs, Xs[:, 0, 0], program=8, beta=1.0)
-    ct.solve(small.with_beta(0.2 * small.beta_max()), "fista")
+    for kind, target in (("squared", Xs[:, 0, 0]), ("logistic", np.sign(Xs[:, 0, 0]))):
+        small = ct.make_problem(Xs, target, program=8, loss=kind, beta=1.0)
+        ct.solve(small.with_beta(0.2 * small.beta_max()), "fista")
     a = np.ones((300, 300)); a @ a
     resource.setrlimit(resource.RLIMIT_DATA, (vm_data() + limit, resource.RLIM_INFINITY))
     X, y = open_data(folder).rows()
-    problem = ct.make_problem(X, y, program=8, loss="squared", beta=1.0)
+    y = y if loss == "squared" else np.where(y > 0, 1.0, -1.0)
+    problem = ct.make_problem(X, y, program=8, loss=loss, beta=1.0)
     result = ct.solve(problem.with_beta(0.1 * problem.beta_max()), "fista", tol=1e-8)
     print("solved", X.nbytes, result.certified, result.certificate.relative_gap)
     try:
@@ -230,7 +232,8 @@ MEMORY_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap'd memory on Linux only")
-def test_a_memory_map_four_times_the_memory_limit_is_solved_and_certified(tmp_path):
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_a_memory_map_four_times_the_memory_limit_is_solved_and_certified(tmp_path, loss):
     """``RLIMIT_DATA`` bounds every private allocation of the process after the limit is set (numpy,
     torch, malloc); a read-only memory map is page cache the kernel may drop, so it is not counted. The
     data file is four times the limit, and loading it whole under the limit fails (the control)."""
@@ -251,7 +254,7 @@ def test_a_memory_map_four_times_the_memory_limit_is_solved_and_certified(tmp_pa
     np.save(folder / "y.npy", y)
     assert os.path.getsize(folder / "X.npy") >= 4 * limit
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(limit)], capture_output=True,
+    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(limit), loss], capture_output=True,
                          text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     solved, control = run.stdout.strip().splitlines()

@@ -403,8 +403,10 @@ def test_verify_says_when_the_stored_beta_differs(tmp_path, capsys, data):
 
 def test_torch_options_only_with_fista(capsys, data):
     for option in (["--device", "cpu"], ["--dtype", "float32"], ["--progress"]):
-        code, _, err = run(capsys, ["solve", data["vector"], *CORE, "--beta", "1", *option])
+        code, _, err = run(capsys, ["solve", data["vector"], *CORE, "--beta", "1", "--solver", "clarabel", *option])
         assert_one_line_error(code, err, "solve", rf"{option[0]}: only for --solver fista, got --solver clarabel")
+    code, out, _ = run(capsys, ["solve", data["vector"], *CORE, "--beta", "1", "--dtype", "float32", "--tol", "1e-4"])
+    assert "solver fista (auto: option dtype is the torch backend's)" in out  # --solver auto, the default
 
 
 # ----------------------------------------------------------------------------- 7. one-line usage errors
@@ -489,7 +491,7 @@ def test_every_option_has_help_and_its_default_shown_once():
         assert not re.search(r"\(default[^)]*\)\s*\(default", " ".join(text.split())), (name, text)
     solve = " ".join(_subparsers()["solve"].format_help().split())
     for expected in ("8: attention-only, scalar output", "squared (real targets), logistic (labels in {-1, +1})",
-                     "primal: the program; dual: its dual", "(default: clarabel)", "(default: primal)",
+                     "primal: the program; dual: its dual", "(default: auto)", "(default: primal)",
                      "(default: 1e-06)", "fista (torch proximal gradient)"):
         assert expected in solve, expected
     assert '"fista"' in ct.solve.__doc__

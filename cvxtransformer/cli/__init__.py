@@ -101,6 +101,24 @@ def main(argv=None):
     except Terminated:
         print(f"cvxtransformer {args.command}: terminated", file=sys.stderr)
         return 143
+    except (MemoryError, RuntimeError) as exc:  # torch's CPU allocator raises a RuntimeError
+        if isinstance(exc, RuntimeError) and "can't allocate memory" not in str(exc):
+            raise
+        print(f"cvxtransformer {args.command}: error: out of memory ({_allocation(exc)}); make the run smaller, "
+              "or see docs/reliability.md (DATA folders are streamed; --solver fista never forms the CVXPY design)",
+              file=sys.stderr)
+        return 2
+
+
+def _allocation(exc):
+    """What a failed allocation asked for, from numpy's or torch's message."""
+    import re
+
+    found = re.search(r"allocate (\d+) bytes", str(exc)) or re.search(r"allocate ([\d.]+ [KMGTPE]?i?B)", str(exc))
+    if found is None:
+        return "an allocation failed"
+    amount = found.group(1)
+    return f"an allocation of {int(amount) / 2**30:.1f} GiB failed" if amount.isdigit() else f"an allocation of {amount} failed"
 
 
 class Terminated(BaseException):

@@ -11,7 +11,8 @@ def format_certificate(s):
     program = f"program ({s['program']})" if s["program"] != "mhsa" else "program (6) (linear MHSA)"
     refined = s.get("refined_relative_gap")
     lines = [
-        f"{program}, {s['loss']} loss, {s['form']} form, solver {s['solver']}",
+        f"{program}, {s['loss']} loss, {s['form']} form, solver {s['solver']}"
+        + (f" ({s['solver_choice']})" if s.get("solver_choice") else ""),
         f"  beta                     {s['beta']:.6g}  (beta_max = {s['beta_max']:.6g})",
         f"  solver status            {s['status']}",
         f"  primal objective P(Z)    {s['primal_objective']:.12g}",
@@ -63,8 +64,9 @@ def configure_solve(p):
     add_problem_arguments(p)
     p.add_argument("--form", choices=("primal", "dual"), default="primal",
                    help="primal: the program; dual: its dual, Z read from the multipliers (clarabel, scs)")
-    p.add_argument("--solver", choices=("clarabel", "scs", "fista"), default="clarabel",
-                   help="clarabel (interior point), scs (splitting), fista (torch proximal gradient)")
+    p.add_argument("--solver", choices=("auto", "clarabel", "scs", "fista"), default="auto",
+                   help="clarabel (interior point), scs (splitting), fista (torch proximal gradient), or auto: clarabel "
+                        "for a small problem, fista otherwise (the output says which and why)")
     p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and U1, U2) here")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
     p.add_argument("--max-iter", type=positive_int, default=None, help="iteration budget of the solver")
@@ -90,7 +92,7 @@ def run_solve(args):
 
     options = {k: v for k, v in (("device", args.device), ("dtype", args.dtype), ("progress", args.progress))
                if v is not None}
-    if options and args.solver != "fista":
+    if options and args.solver not in ("fista", "auto"):
         raise InvalidInputError(f"--{next(iter(options))}: only for --solver fista, got --solver {args.solver}")
     options.update({k: v for k, v in (("max_iter", args.max_iter), ("time_limit", args.time_limit)) if v is not None})
     if args.distributed:
@@ -120,7 +122,7 @@ def _run_distributed(args, options):
 
     from ..core.errors import CvxTransformerError, InvalidInputError
 
-    if args.solver != "fista" or args.form != "primal":
+    if args.solver not in ("fista", "auto") or args.form != "primal":
         raise InvalidInputError(f"--distributed: only for --solver fista (primal form), got --solver {args.solver} "
                                 f"--form {args.form}")
     options["device"] = distributed.init(options.get("device", "cpu"), args.dist_timeout)

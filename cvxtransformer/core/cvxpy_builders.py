@@ -53,3 +53,37 @@ def build_dual(problem):
 
 
 BUILDERS = {"primal": build_primal, "dual": build_dual}
+
+
+# Memory of a CVXPY build and solve, measured (peak RSS over the interpreter's, ``ru_maxrss``) by
+# benchmarks/cvxpy_memory.py on the project's machine (docs/reliability.md): per coefficient of the
+# design (rows x features x columns) and per entry of the dense Hessian block of a PSD cone (the
+# nuclear norm's, of side p + q for Z of shape (p, q)), each the largest ratio measured, rounded up.
+BYTES_PER_COEFFICIENT = {"clarabel": 300, "scs": 450}
+BYTES_PER_PSD_ENTRY = {"clarabel": 64, "scs": 16}
+BYTES_FIXED = 64 * 2**20
+
+
+def design_size(problem):
+    """``(rows, features, columns)`` of the CVXPY map: a dense design of ``rows`` x ``features``
+    (the program's ``design()``; computed here from one sample, never built whole) times a
+    variable of ``features`` x ``columns``. CVXPY and the conic solvers hold its
+    ``rows * features * columns`` coefficients (a block-diagonal copy per column)."""
+    program = problem.program
+    rows, features = program.on(program.X[:1]).design().shape
+    return program.N * rows, features, int(np.prod(program.shape)) // features
+
+
+def estimate_cvxpy_bytes(problem, form="primal", solver="clarabel"):
+    """Bytes that building ``problem`` in ``form`` with CVXPY and solving it with ``solver``
+    ("clarabel" or "scs") will take at their peak, estimated without building anything:
+    ``BYTES_PER_COEFFICIENT`` per coefficient of the design (:func:`design_size`), plus, for the
+    nuclear norm, ``BYTES_PER_PSD_ENTRY`` per entry of its PSD cone's Hessian block
+    ((t (t + 1) / 2)^2 for a cone of side t = p + q). Calibrated against measured peaks (the
+    estimate is at or above every one; docs/reliability.md); the same for both forms."""
+    rows, features, columns = design_size(problem)
+    total = BYTES_PER_COEFFICIENT[solver] * float(rows) * features * columns + BYTES_FIXED
+    if getattr(problem.regularizer, "name", "") == "nuclear_norm":
+        side = sum(problem.program.shape)
+        total += BYTES_PER_PSD_ENTRY[solver] * (side * (side + 1) / 2) ** 2
+    return total

@@ -59,6 +59,7 @@ class SolveResult:
     certificate : :class:`cvxtransformer.core.certificate.Certificate`, recomputed from Z
     screened : blocks proved zero by gap-safe screening (groups, or singular directions), or None
     history : list of :class:`Check` (iterative backends)
+    solver_choice : why ``solver="auto"`` took ``solver`` (None when the solver was named)
     """
 
     program: object
@@ -77,6 +78,7 @@ class SolveResult:
     U2: Optional[np.ndarray] = None
     history: list = field(default_factory=list)
     screened: Optional[np.ndarray] = None
+    solver_choice: Optional[str] = None  # why solver="auto" took ``solver`` (None: the solver was named)
 
     @property
     def certified(self):
@@ -85,7 +87,7 @@ class SolveResult:
     def summary(self):
         """JSON-ready dict: the fields of the command line's ``--json`` output."""
         out = {"program": self.program, "loss": self.loss, "form": self.form, "solver": self.solver,
-               "beta": self.beta}
+               "solver_choice": self.solver_choice, "beta": self.beta}
         out.update(self.certificate.to_dict())
         out.update(status=self.status, solve_seconds=self.solve_seconds,
                    build_seconds=self.build_seconds, iterations=self.iterations)

@@ -105,7 +105,7 @@ def check_array(name, a, ndim=None, what=None, finite=True, nonempty=True):
     return a
 
 
-def _chunks(a, nbytes=2**25):
+def _chunks(a, nbytes=2**23):
     """``a`` in chunks of leading rows, a few MB each (temporaries stay small; a memory map is read once)."""
     rows = a.reshape(1) if a.ndim == 0 else a
     step = max(1, nbytes // max(1, rows[:1].nbytes))
@@ -253,11 +253,12 @@ def format_bytes(n):
 
 def check_allocation(name, nbytes, what, fix):
     """Refuse, before allocating it, ``what`` of ``nbytes`` bytes when it exceeds the memory
-    available (:func:`available_bytes`), naming the argument that causes it and the fix."""
+    available (:func:`available_bytes`), naming the argument that causes it and the fix (a string,
+    or a function of the bytes available that says what would fit)."""
     room = available_bytes()
     if nbytes > room:
-        raise invalid(name, f"a problem that fits in memory ({format_bytes(room)} available)",
-                      f"{what} of {format_bytes(nbytes)}", fix)
+        raise invalid(name, f"what fits in memory ({format_bytes(room)} available)",
+                      f"{what} {format_bytes(nbytes)}", fix(room) if callable(fix) else fix)
 
 
 def check_problem(problem, name="problem"):
