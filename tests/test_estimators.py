@@ -376,6 +376,9 @@ CANNOT_APPLY = {
 }
 
 
+OPTIONAL_SKIP = re.compile(r"^(pandas|polars|pyarrow) is not installed")
+
+
 def cannot_apply(model):
     """The checks of CANNOT_APPLY that this model runs and fails."""
     classifier, scalar = isinstance(model, _OneTokenClassifier), getattr(model, "program", None) == 8
@@ -418,13 +421,14 @@ def test_scikit_learn_check_estimator_on_one_token_sequences(model):
     failed = [(r["check_name"], repr(r["exception"])[:300]) for r in results if r["status"] == "failed"]
     assert not failed
     for r in results:
-        if r["status"] == "skipped":  # only the array-API check, which needs SCIPY_ARRAY_API=1
-            assert r["check_name"] == "check_array_api_input", r
+        if r["status"] == "skipped":  # the array-API check (it needs SCIPY_ARRAY_API=1), and the checks of an
+            # optional package that is not installed (pandas, polars, pyarrow: scikit-learn skips them itself)
+            assert r["check_name"] == "check_array_api_input" or OPTIONAL_SKIP.search(str(r["exception"])), r
         if r["check_name"] in expected:  # fails, and for the documented reason only
             assert r["status"] == "xfail", r["check_name"]
             messages = [str(e) for e in (r["exception"], r["exception"].__context__) if e is not None]
             assert any(re.search(expected[r["check_name"]][1], m) for m in messages), (r["check_name"], messages)
-    assert sum(r["status"] == "passed" for r in results) >= 40
+    assert sum(r["status"] == "passed" for r in results) >= 40 - sum(r["status"] == "skipped" for r in results)
 
 
 # MHSAClassifier shares its fit, labels and predictions with AttentionClassifier (checked in full

@@ -60,13 +60,20 @@ class Block:
             raise ImportError("layer violation: " + name + " was imported")
         return None
 
+def load(name):  # a module whose optional package is not installed (MissingDependencyError) is skipped
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if type(exc).__name__ != "MissingDependencyError":
+            raise
+
 sys.meta_path.insert(0, Block())
 for root in {roots!r}:
     if importlib.util.find_spec(root) is None:
         continue
-    module = importlib.import_module(root)
+    module = load(root)
     for info in pkgutil.walk_packages(getattr(module, "__path__", []), root + "."):
-        importlib.import_module(info.name)
+        load(info.name)
 {use}
 print("ok")
 """
