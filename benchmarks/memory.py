@@ -19,6 +19,8 @@ import time
 
 from common import DOCS, ROOT, load, machine, write_doc
 
+from cvxtransformer.testing import write_planted_folder  # noqa: E402 (common puts the repository first)
+
 CVXPY_CASES = [  # (program, loss, form, solver, N, n, d, c)
     (10, "squared", "primal", "clarabel", 1000, 8, 16, 4),
     (10, "squared", "primal", "clarabel", 2000, 8, 16, 4),
@@ -112,23 +114,6 @@ def run(script, *args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def write_data(folder, N):
-    import numpy as np
-
-    n, d = STREAM_SHAPE
-    os.makedirs(folder, exist_ok=True)
-    X = np.lib.format.open_memmap(os.path.join(folder, "X.npy"), mode="w+", dtype=np.float32, shape=(N, n, d))
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((n, d)) * (rng.random((n, 1)) < 0.3)
-    y = np.empty(N)
-    for s in range(0, N, 16384):
-        chunk = rng.standard_normal((min(16384, N - s), n, d)).astype(np.float32)
-        X[s:s + len(chunk)] = chunk
-        y[s:s + len(chunk)] = np.einsum("ikd,kd->i", chunk, w) + 0.1 * rng.standard_normal(len(chunk))
-    X.flush()
-    np.save(os.path.join(folder, "y.npy"), y)
-
-
 def mib(b):
     return f"{b / 2**20:.1f}"
 
@@ -143,7 +128,7 @@ def main():
     streams = []
     with tempfile.TemporaryDirectory() as tmp:
         for N in STREAM_N:
-            write_data(os.path.join(tmp, str(N)), N)
+            write_planted_folder(os.path.join(tmp, str(N)), N, *STREAM_SHAPE, chunk=16384)
         for program, loss, c in STREAM_CASES:
             peaks = [run(STREAM_SCRIPT, os.path.join(tmp, str(N)), json.dumps(program), loss, c) for N in STREAM_N]
             slope = (peaks[1]["peak"] - peaks[0]["peak"]) / (STREAM_N[1] - STREAM_N[0])
@@ -171,7 +156,8 @@ def main():
         "`solver=\"auto\"` takes Clarabel only when the design has at most 2e5 coefficients and the estimate "
         "is at most half the memory available.",
         "",
-        "| program | loss | form | solver | N | n | d | c | coefficients | measured (MiB) | estimate (MiB) | estimate / measured |",
+        "| program | loss | form | solver | N | n | d | c | coefficients | measured (MiB) | estimate (MiB) | "
+        "estimate / measured |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (program, loss, form, solver, N, n_, d_, c), r in rows:
@@ -187,8 +173,8 @@ def main():
         f"{STREAM_N[1]:,}. Per sample: the slope between the two; fixed: the intercept (chunk buffers of a few "
         "MB, the coefficients). The file itself is page cache, which the kernel may drop: it is not counted.",
         "",
-        "| program | loss | outputs c | peak at N1 (MiB) | peak at N2 (MiB) | bytes per sample | % of the data per sample | "
-        "fixed (MiB) | certified |",
+        "| program | loss | outputs c | peak at N1 (MiB) | peak at N2 (MiB) | bytes per sample | "
+        "% of the data per sample | fixed (MiB) | certified |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for program, loss, c, peaks, slope, fixed in streams:

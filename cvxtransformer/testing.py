@@ -120,3 +120,23 @@ def residual_gap(problem, Z):
     P, _, _, D, _ = scaled_residual(problem.loss, problem.regularizer, problem.program.forward,
                                     problem.program.adjoint, problem.T, Z)
     return (P - D) / max(1.0, abs(P))
+
+
+def write_planted_folder(folder, N, n, d, seed=0, chunk=8192):
+    """A DATA folder of float32 ``X.npy`` (N, n, d), written chunk by chunk through a memory map (it may
+    be larger than memory), and ``y.npy``: a planted teacher on a third of the tokens plus noise."""
+    import os
+
+    os.makedirs(folder, exist_ok=True)
+    X = np.lib.format.open_memmap(os.path.join(folder, "X.npy"), mode="w+", dtype=np.float32, shape=(N, n, d))
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, d)) * (rng.random((n, 1)) < 0.3)
+    y = np.empty(N)
+    for s in range(0, N, chunk):
+        rows = rng.standard_normal((min(chunk, N - s), n, d)).astype(np.float32)
+        X[s:s + len(rows)] = rows
+        y[s:s + len(rows)] = np.einsum("ikd,kd->i", rows, w) + 0.1 * rng.standard_normal(len(rows))
+    X.flush()
+    del X
+    np.save(os.path.join(folder, "y.npy"), y)
+    return folder

@@ -43,7 +43,8 @@ class CVXPYSolver(Solver):
         check_allocation("solver", estimate_cvxpy_bytes(problem, form, self.name),
                          f"{self.name} on the CVXPY {form} of {label} ({float(rows) * features * columns:.2g} "
                          "coefficients), which would take about",
-                         "use solver='fista' (--solver fista), the torch backend, which never forms it")
+                         "use solver='fista' (--solver fista" + (" --form primal" if form != "primal" else "")
+                         + "), the torch backend, which never forms it")
         t0 = time.perf_counter()
         built = BUILDERS[form](problem)
         t1 = time.perf_counter()

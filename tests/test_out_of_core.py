@@ -17,6 +17,7 @@ from cvxtransformer.core.data import StreamedRows, open_data, split_rows, storag
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.programs import AttentionProgram, sample_gates
 from cvxtransformer.core.mhsa import LinearMHSAProgram
+from cvxtransformer.testing import write_planted_folder
 
 from conftest import cuda
 
@@ -240,18 +241,7 @@ def test_a_memory_map_four_times_the_memory_limit_is_solved_and_certified(tmp_pa
     limit = 80 * 2**20
     N, n, d = 4 * limit // (16 * 32 * 4), 16, 32
     folder = tmp_path / "big"
-    folder.mkdir()
-    X = np.lib.format.open_memmap(folder / "X.npy", mode="w+", dtype=np.float32, shape=(N, n, d))
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((n, d)) * (rng.random((n, 1)) < 0.3)
-    y = np.empty(N)
-    for s in range(0, N, 8192):
-        chunk = rng.standard_normal((min(8192, N - s), n, d)).astype(np.float32)
-        X[s:s + len(chunk)] = chunk
-        y[s:s + len(chunk)] = np.einsum("ikd,kd->i", chunk, w) + 0.1 * rng.standard_normal(len(chunk))
-    X.flush()
-    del X
-    np.save(folder / "y.npy", y)
+    write_planted_folder(folder, N, n, d)
     assert os.path.getsize(folder / "X.npy") >= 4 * limit
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(limit), loss], capture_output=True,

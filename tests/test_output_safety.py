@@ -158,8 +158,8 @@ def test_a_real_sigterm_from_outside_ends_a_running_solve_cleanly(tmp_path):
     np.savez(tmp_path / "d.npz", X=rng.standard_normal((1000, 6, 6)), y=np.where(rng.standard_normal(1000) > 0, 1, -1))
     out = tmp_path / "r.npz"
     out.write_bytes(b"an earlier result")
-    proc = subprocess.Popen([sys.executable, "-m", "cvxtransformer", "solve", str(tmp_path / "d.npz"), "--program", "12",
-                             "--loss", "logistic", "--beta-frac", "0.01", "--solver", "fista", "--tol", "1e-15",
+    proc = subprocess.Popen([sys.executable, "-m", "cvxtransformer", "solve", str(tmp_path / "d.npz"), "--program",
+                             "12", "--loss", "logistic", "--beta-frac", "0.01", "--solver", "fista", "--tol", "1e-15",
                              "--max-iter", "100000000", "--progress", "--out", str(out)],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -3,8 +3,8 @@
 Exit codes: 0 success (and, for solve/verify/demo/compare, certified); 1 the run finished but the
 certificate did not reach ``--tol``; 2 a user error (one line on stderr, no traceback, no output
 file); 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM), each with one line on stderr and no
-temporary or half-written file left. Every command module imports only the standard library at import time, so ``--help`` is
-instant; numpy, cvxpy and torch are imported when a command runs.
+temporary or half-written file left. Every command module imports only the standard library at
+import time, so ``--help`` is instant; numpy, cvxpy and torch are imported when a command runs.
 """
 import argparse
 import contextlib
@@ -118,7 +118,7 @@ def _allocation(exc):
     if found is None:
         return "an allocation failed"
     amount = found.group(1)
-    return f"an allocation of {int(amount) / 2**30:.1f} GiB failed" if amount.isdigit() else f"an allocation of {amount} failed"
+    return f"an allocation of {f'{int(amount) / 2**30:.1f} GiB' if amount.isdigit() else amount} failed"
 
 
 class Terminated(BaseException):

@@ -65,8 +65,8 @@ def configure_solve(p):
     p.add_argument("--form", choices=("primal", "dual"), default="primal",
                    help="primal: the program; dual: its dual, Z read from the multipliers (clarabel, scs)")
     p.add_argument("--solver", choices=("auto", "clarabel", "scs", "fista"), default="auto",
-                   help="clarabel (interior point), scs (splitting), fista (torch proximal gradient), or auto: clarabel "
-                        "for a small problem, fista otherwise (the output says which and why)")
+                   help="clarabel (interior point), scs (splitting), fista (torch proximal gradient), or auto: "
+                        "clarabel for a small problem, fista otherwise (the output says which and why)")
     p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and U1, U2) here")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
     p.add_argument("--max-iter", type=positive_int, default=None, help="iteration budget of the solver")

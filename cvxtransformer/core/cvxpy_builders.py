@@ -56,7 +56,7 @@ BUILDERS = {"primal": build_primal, "dual": build_dual}
 
 
 # Memory of a CVXPY build and solve, measured (peak RSS over the interpreter's, ``ru_maxrss``) by
-# benchmarks/cvxpy_memory.py on the project's machine (docs/reliability.md): per coefficient of the
+# benchmarks/memory.py on the project's machine (docs/benchmark_memory.md): per coefficient of the
 # design (rows x features x columns) and per entry of the dense Hessian block of a PSD cone (the
 # nuclear norm's, of side p + q for Z of shape (p, q)), each the largest ratio measured, rounded up.
 BYTES_PER_COEFFICIENT = {"clarabel": 300, "scs": 450}
@@ -80,7 +80,7 @@ def estimate_cvxpy_bytes(problem, form="primal", solver="clarabel"):
     ``BYTES_PER_COEFFICIENT`` per coefficient of the design (:func:`design_size`), plus, for the
     nuclear norm, ``BYTES_PER_PSD_ENTRY`` per entry of its PSD cone's Hessian block
     ((t (t + 1) / 2)^2 for a cone of side t = p + q). Calibrated against measured peaks (the
-    estimate is at or above every one; docs/reliability.md); the same for both forms."""
+    estimate is at or above every one; docs/benchmark_memory.md); the same for both forms."""
     rows, features, columns = design_size(problem)
     total = BYTES_PER_COEFFICIENT[solver] * float(rows) * features * columns + BYTES_FIXED
     if getattr(problem.regularizer, "name", "") == "nuclear_norm":

@@ -142,8 +142,10 @@ def log10_norm(top, count, power=1, factor=1.0):
 
 def check_magnitude(name, log_norm, given, fix, low=True):
     """Refuse ``name`` when ``log_norm`` (log10 of a bound on the norm it contributes) is above
-    :data:`ROOM`, or (``low``) below ``-ROOM`` without being zero; ``given`` says what was seen."""
+    :data:`ROOM`, or (``low``) below ``-ROOM`` without being zero; ``given`` (a string, or a function
+    that makes it, called only then) says what was seen."""
     if log_norm > ROOM or (low and -math.inf < log_norm < -ROOM):
+        given = given() if callable(given) else given
         raise invalid(name, f"magnitudes float64 can handle (norms within 1e-{ROOM}..1e+{ROOM}: the solvers form "
                             "their fourth powers)", f"{given} (a norm of about 1e{log_norm:+.0f})", fix)
 
@@ -155,7 +157,7 @@ def check_scale(problem):
     arrays that define the map (``program.gate_arrays()``, e.g. the gates ``U1``, ``U2``).
     Returns ``problem``."""
     program, T = problem.program, problem.T
-    check_magnitude("X", program.log_norm(), f"max |X| = {max_abs(program.X):.3g}",
+    check_magnitude("X", program.log_norm(), lambda: f"max |X| = {max_abs(program.X):.3g}",
                     "rescale X toward unit magnitude (e.g. divide it by max |X|; --beta-frac / beta_frac "
                     "rescales beta with it)")
     top = max_abs(T)
@@ -211,8 +213,9 @@ def available_bytes():
     fields = _read_keyed("/proc/meminfo")
     if "MemAvailable" in fields:
         room.append(fields["MemAvailable"] * 1024)
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    cgroups = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2, then v1
+               ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+    for limit, usage in cgroups:
         try:
             with open(limit) as f, open(usage) as g:
                 room.append(int(f.read().strip()) - int(g.read().strip()))
