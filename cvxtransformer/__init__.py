@@ -35,6 +35,7 @@ _EXPORTS = {
     "cvxtransformer.solving": ("solve",),
     "cvxtransformer.verify": ("certify",),
     "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
+    "cvxtransformer.comparison": ("Comparison", "compare"),
     "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "MHSAClassifier", "MHSARegressor"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -9,7 +9,8 @@ import pytest
 
 CORE = ["cvxtransformer.core"]
 SOLVERS = ["solvers"]
-API = ["cvxtransformer.solving", "cvxtransformer.verify", "cvxtransformer.path", "cvxtransformer.nn",
+API = ["cvxtransformer.solving", "cvxtransformer.verify", "cvxtransformer.path", "cvxtransformer.comparison",
+       "cvxtransformer.nn",
        "cvxtransformer.datasets", "cvxtransformer.testing", "cvxtransformer.estimators", "cvxtransformer.energy"]
 COMMANDS = ["cvxtransformer.cli", "cvxtransformer.experiments", "cvxtransformer.__main__"]
 

@@ -1,4 +1,4 @@
-"""PNG plots of ``cvxtransformer compare`` (matplotlib, Agg backend), written atomically.
+"""PNG plots of :func:`cvxtransformer.compare` (matplotlib), written atomically.
 
 * :func:`plot_objective`: objective (and training loss) against training time for every network
   run, the certified optimum of each convex program as a horizontal line, and the certified gap
@@ -10,34 +10,37 @@
 * :func:`plot_tuning`: validation loss over the tuning grid of ``compare --tune``;
 * :func:`attention_distance`: how far an attention map is from the teacher's.
 
-Legends use the command line's names (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``).
-Attention maps are arrays of shape (rows, n): row t is the weight of every input token k in output
-token t. :func:`convex_attention_map` makes one from a convex solution: the group norms
-``||Z[j, (t, l), k]||``, summed over the gates j and the outputs l of token t.
+Colours follow the model (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``, ``convex``).
+Attention maps are arrays of shape (rows, n): row r is the weight of every input token k in output
+r. :func:`convex_attention_map` makes one from a convex solution: the group norms
+``||Z[j, l, k]||`` summed over the gates j, one row per output l, or per output token t (the
+outputs ``(t, l)`` of token t summed), or one row for all outputs.
+
+matplotlib is imported when a plot is drawn, not with this module.
 """
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.colors  # noqa: E402
-import matplotlib.patches  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
-
-from ..core.io import save_figure  # noqa: E402
+from ..core.io import save_figure
 
 COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
           "convex": "tab:cyan"}
 CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green"}
 
 
-def convex_attention_map(Z4, n_out_tokens=1):
-    """Token group norms of canonical coefficients ``Z4`` (h, c, n, d), shape (n_out_tokens, n).
+def convex_attention_map(Z4, n_out_tokens=None):
+    """Token group norms of canonical coefficients ``Z4`` (h, c, n, d), summed over the gates: shape
+    (c, n), one row per output, or (n_out_tokens, n).
 
     With sequence targets the c outputs are ``(t, l)`` flattened row-major (docs/conventions.md), so
-    ``n_out_tokens = n`` folds them into one row per output token t.
+    ``n_out_tokens = n`` folds them into one row per output token t; ``n_out_tokens = 1`` sums all outputs.
+
+    >>> Z4 = np.ones((1, 2, 3, 4))  # one gate, 2 outputs, 3 tokens: every group norm is 2
+    >>> convex_attention_map(Z4).tolist(), convex_attention_map(Z4, 1).tolist()
+    ([[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]], [[4.0, 4.0, 4.0]])
     """
     norms = np.linalg.norm(Z4, axis=-1).sum(axis=0)  # (c, n)
+    if n_out_tokens is None:
+        return norms
     c, n = norms.shape
     return norms.reshape(n_out_tokens, c // n_out_tokens, n).sum(axis=1)
 
@@ -52,7 +55,19 @@ def _style(i):
     return ["-", "--", "-.", ":"][i % 4]
 
 
+def _subplots(nrows, ncols, figsize, layout=None, **kwargs):
+    """A figure on an Agg canvas and its axes, without pyplot (no backend is switched, in a notebook too)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
 def _log_time_axis(ax):
+    from matplotlib.ticker import LogLocator, NullFormatter
+
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(numticks=6))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -72,7 +87,7 @@ def plot_objective(runs, convex, path, title=""):
     tuned), it is the same function for every model.
     """
     with_loss = any("loss_sum" in run for run in runs.values())
-    fig, axes = plt.subplots(1, 3 if with_loss else 2, figsize=(16.5 if with_loss else 11, 4.2))
+    fig, axes = _subplots(1, 3 if with_loss else 2, figsize=(16.5 if with_loss else 11, 4.2))
     ax, ax_gap = axes[0], axes[-1]
     seen = {}
     for name, run in runs.items():
@@ -124,7 +139,10 @@ def plot_tuning(grids, convex, path):
         chosen=(i, j))
     convex : dict program -> dict(beta_frac=(B,), loss=(B,), chosen=j)
     """
-    fig, axes = plt.subplots(1, len(grids) + 1, figsize=(4.2 * (len(grids) + 1), 3.8), squeeze=False,
+    import matplotlib.colors
+    import matplotlib.patches
+
+    fig, axes = _subplots(1, len(grids) + 1, figsize=(4.2 * (len(grids) + 1), 3.8), squeeze=False,
                              layout="constrained")
     finite = [v for g in grids.values() for v in np.ravel(g["loss"]) if np.isfinite(v)]
     finite += [v for c in convex.values() for v in c["loss"] if np.isfinite(v)]
@@ -176,7 +194,7 @@ def attention_distance(M, teacher):
 def plot_test_loss(runs, convex, path):
     """Test loss per sample against time; ``runs``: name -> dict(model, eval_seconds, test_loss);
     ``convex``: program -> dict(test_loss)."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = _subplots(1, 1, figsize=(6, 4.2))
     seen = {}
     for name, run in runs.items():
         t, loss = np.asarray(run["eval_seconds"]), np.asarray(run["test_loss"])
@@ -195,25 +213,25 @@ def plot_test_loss(runs, convex, path):
 
 
 def plot_attention(maps, path):
-    """Heatmaps of attention maps side by side; ``maps``: title -> array (rows, n).
+    """Heatmaps of attention maps side by side; ``maps``: title -> ``(array (rows, n), row label)``.
 
     Each row is divided by its sum, so every panel shows the share of each input token in
-    each output token (group norms for the convex solution and networks (9)/(11), softmax
+    each output (group norms for the convex solution and networks (9)/(11), softmax
     probabilities for (3)), on one colour scale for all panels.
     """
-    shares = {}
-    for title, M in maps.items():
+    shares, labels = {}, {}
+    for title, (M, labels[title]) in maps.items():
         M = np.asarray(M, dtype=float)
         sums = M.sum(axis=1, keepdims=True)
         shares[title] = np.divide(M, sums, out=np.zeros_like(M), where=sums > 0)
     vmax = max(max(float(S.max()) for S in shares.values()), 1e-12)
     rows = max(S.shape[0] for S in shares.values())
-    fig, axes = plt.subplots(1, len(maps), figsize=(3.6 * len(maps), max(2.6, 1.6 + 0.3 * rows)), squeeze=False)
+    fig, axes = _subplots(1, len(maps), figsize=(3.6 * len(maps), max(2.6, 1.6 + 0.3 * rows)), squeeze=False)
     for ax, (title, M) in zip(axes[0], shares.items()):
         im = ax.imshow(M, cmap="viridis", vmin=0, vmax=vmax, aspect="auto", interpolation="nearest")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("input token k")
-        ax.set_ylabel("output token t" if M.shape[0] > 1 else "output (one per sequence)")
+        ax.set_ylabel(labels[title])
         ax.set_yticks(range(M.shape[0]))
         ax.set_xticks(range(M.shape[1]))
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the row")
@@ -225,7 +243,7 @@ def plot_attention(maps, path):
 def plot_singular_values(convex, networks, beta, path):
     """Singular values of Z* of program (6) (``convex``, descending) and of each network's effective
     coefficients (``networks``: name -> singular values), on a log scale."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = _subplots(1, 1, figsize=(6.4, 4.2))
     floor = 1e-12 * max(float(np.max(convex)) if len(convex) else 1.0, 1e-300)
     k = np.arange(1, len(convex) + 1)
     ax.semilogy(k, np.maximum(convex, floor), "o-", color="tab:green", label="convex Z* (program (6))")
