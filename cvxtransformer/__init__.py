@@ -33,7 +33,7 @@ _EXPORTS = {
                                        "nonconvex_objective", "recover_weights"),
     "cvxtransformer.core.result": ("SolveResult",),
     "cvxtransformer.solving": ("solve",),
-    "cvxtransformer.verify": ("certify",),
+    "cvxtransformer.verify": ("NetworkCertificate", "certify", "certify_network"),
     "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
     "cvxtransformer.comparison": ("Comparison", "compare"),
     "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "MHSAClassifier", "MHSARegressor"),

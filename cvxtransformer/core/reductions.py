@@ -1,5 +1,6 @@
 """Reductions between the nonconvex networks and the convex programs, as CVXPY pairs them:
-``apply`` (network and data -> convex problem) and ``invert`` (solution Z -> network weights).
+``apply`` (network and data -> convex problem), ``invert`` (solution Z -> network weights) and
+``coefficients`` (network weights -> the Z the network implements, the other direction).
 
 * :class:`Proposition1` (Ergen et al.): the alternative attention network (6)/(9) <-> program (8)
   or (10), the gated-ReLU network (11) <-> program (12). Every nonzero group ``z = Z[j, l, k]``
@@ -15,6 +16,11 @@
 weights and the gates, without the convex program's linear map: at the recovered weights it
 equals P(Z) (tested), and P(Z*) bounds it from below for any number of heads.
 
+``coefficients(problem, weights)`` is the forward map: the network's output equals the program's
+``forward(Z)`` at ``Z = coefficients(problem, weights)``, and its regulariser is at most the
+network's penalty, so ``P(Z) <=`` the network's objective; ``coefficients(problem, invert(problem,
+Z)) = Z``. :func:`cvxtransformer.certify_network` certifies a network through it.
+
 Example
 -------
 >>> import numpy as np
@@ -25,6 +31,8 @@ Example
 >>> heads = P.reduction.invert(P, Z)
 >>> heads.heads, heads.W1[0].tolist(), bool(np.isclose(P.reduction.objective(P, heads), P.primal_objective(Z)))
 (1, [0.0, 0.0, 1.0], True)
+>>> bool(np.array_equal(P.reduction.coefficients(P, heads), Z))
+True
 """
 from dataclasses import dataclass
 
@@ -75,11 +83,13 @@ class MHSAHeads:
 
 class Reduction:
     """A convexification and its inverse: ``apply`` (network and data -> convex problem), ``invert``
-    (Z -> the network's weights), ``objective`` (the network's objective at weights, in numpy).
-    ``networks`` maps each network this reduction covers to its convex program."""
+    (Z -> the network's weights), ``coefficients`` (weights -> Z), ``objective`` (the network's
+    objective at weights, in numpy). ``networks`` maps each network this reduction covers to its
+    convex program; ``equations`` each program to the equation of the network it bounds."""
 
     forms = ("balanced",)
     networks = {}
+    equations = {}
 
     @classmethod
     def apply(cls, network, X, y, loss="squared", beta=1.0, **options):
@@ -106,6 +116,55 @@ class Proposition1(Reduction):
 
     forms = ("balanced", "lemma1")
     networks = {"alternative": 10, "alternative_scalar": 8, "gated": 12}
+    equations = {8: "(9)", 10: "(9)", 12: "(11)"}
+
+    @staticmethod
+    def coefficients(problem, weights):
+        """Coefficients Z (the program's shape) that the network (9) (programs (8)/(10)) or (11)
+        (program (12), on the program's gates) with heads ``weights`` implements:
+
+        ``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j``
+
+        The network's output is the program's ``forward(Z)``; with the attention rows ``w_1j`` on the
+        simplex, ``||Z[g, l, k]||`` summed is at most ``sum_j ||w_2j|| ||w_3j||_1``, so P(Z) is at
+        most the network's objective in either form (checked here: rows off the simplex are refused).
+        """
+        program = problem.program
+        if not isinstance(weights, AttentionHeads):
+            raise invalid("weights", f"AttentionHeads (W1, W2, W3), the heads of network (9)/(11), for {program.label}",
+                          type(weights).__name__)
+        h, c, n, d = program.canonical_shape
+        W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
+        m = W1.shape[0] if W1.ndim == 2 else -1
+        if W1.shape != (m, n) or W2.shape != (m, d) or W3.shape != (m, c):
+            raise invalid("weights", f"W1, W2, W3 of shapes (m, {n}), (m, {d}), (m, {c}) for {program.label}",
+                          f"{W1.shape}, {W2.shape}, {W3.shape}")
+        for name, W in (("W1", W1), ("W2", W2), ("W3", W3)):
+            if not np.all(np.isfinite(W)):
+                raise invalid(f"weights.{name}", "finite values", "NaN/Inf entries")
+        if m and (W1.min() < -1e-12 or np.max(np.abs(W1.sum(axis=1) - 1.0)) > 1e-9):
+            raise invalid("weights.W1", "attention rows on the simplex (nonnegative, summing to 1)",
+                          f"min {W1.min():.3g}, row sums off by {np.max(np.abs(W1.sum(axis=1) - 1)):.3g}",
+                          "only such networks are bounded by the program; parametrise each row as a softmax "
+                          "of logits, or project it onto the simplex")
+        gate = weights.gate
+        if (gate is None) != (program.mask is None):
+            raise invalid("weights.gate", "each head's gate (network (11)) for program (12), and none for "
+                          "(8)/(10)", "None" if gate is None else "gates",
+                          "network (9) is bounded by program (10), network (11) by program (12) on its gates")
+        gate = np.zeros(m, dtype=int) if gate is None else np.asarray(gate)
+        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= h)):
+            raise invalid("weights.gate", f"{m} integers in [0, {h}) (rows of the program's U1, U2)",
+                          f"shape {gate.shape}, dtype {gate.dtype}")
+        return Proposition1.sum_heads(W1, W2, W3, gate, h).reshape(program.shape)
+
+    @staticmethod
+    def sum_heads(W1, W2, W3, gate, h):
+        """``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` of shape (h, c, n, d), unchecked:
+        the one implementation behind :meth:`coefficients` and the networks' ``effective_coefficients``."""
+        Z = np.zeros((h, W3.shape[1], W1.shape[1], W2.shape[1]))
+        np.add.at(Z, gate, np.einsum("jl,jk,jd->jlkd", W3, W1, W2))
+        return Z
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
@@ -150,6 +209,32 @@ class LinearMHSAReduction(Reduction):
     """Sahiner et al.'s theorem: the linear MHSA network (5) <-> program (6)."""
 
     networks = {"linear_mhsa": "mhsa"}
+    equations = {"mhsa": "(5)"}
+
+    @staticmethod
+    def coefficients(problem, heads):
+        """The coefficients Z (d^2, d c) of program (6) that network (5) with ``heads`` implements:
+        ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]``, i.e. ``Z = sum_j u_j v_j^T`` with
+        ``u_j[k*d + a] = W1j[a, k]``, ``v_j[l*c + b] = W2j[l, b]``. The network's output is the program's
+        ``forward(Z)`` and ``beta ||Z||_* <= beta sum_j ||W1j|| ||W2j|| <=`` its penalty."""
+        p = problem.program
+        if not isinstance(heads, MHSAHeads):
+            raise invalid("weights", f"MHSAHeads (W1, W2), the heads of network (5), for {p.label}", type(heads).__name__)
+        W1, W2 = np.asarray(heads.W1, dtype=float), np.asarray(heads.W2, dtype=float)
+        m = W1.shape[0] if W1.ndim == 3 else -1
+        if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
+            raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
+                          f"{W1.shape} and {W2.shape}")
+        if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
+            raise invalid("weights", "finite values", "NaN/Inf entries")
+        return LinearMHSAReduction.sum_heads(W1, W2)
+
+    @staticmethod
+    def sum_heads(W1, W2):
+        """``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` of shape (d^2, d c), unchecked: the one
+        implementation behind :meth:`coefficients` and ``LinearMHSA.effective_coefficients``."""
+        m, d, c = W2.shape
+        return np.einsum("jak,jlb->kalb", W1, W2).reshape(d * d, d * c)
 
     @staticmethod
     def invert(problem, Z, form="balanced"):

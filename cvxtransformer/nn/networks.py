@@ -49,7 +49,7 @@ import torch
 from ..core.errors import invalid
 from ..core.losses import get_loss, project_rows_to_simplex
 from ..core.programs import gate_mask
-from ..core.reductions import AttentionHeads, MHSAHeads
+from ..core.reductions import AttentionHeads, LinearMHSAReduction, MHSAHeads, Proposition1
 from ..core.validation import check_array, check_int
 
 MODELS = ("alternative", "gated", "softmax", "linear_mhsa")
@@ -192,14 +192,12 @@ class AlternativeAttention(Network):
 
         ``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` (``h = 1`` without gates): the
         network's output equals the program's ``forward(Z)``, and ``P(Z) <=`` the network's
-        objective (the group norms are at most ``||w_2j|| ||w_3j||_1``), hence the bound.
+        objective (the group norms are at most ``||w_2j|| ||w_3j||_1``), hence the bound
+        (:meth:`cvxtransformer.core.reductions.Proposition1.coefficients`, in the program's shape).
         """
         w = self.to_weights()
         h = 1 if w.gate is None else self.U1.shape[0]
-        Z = np.zeros((h, self.c, self.n, self.d))
-        g = np.zeros(w.heads, dtype=int) if w.gate is None else w.gate
-        np.add.at(Z, g, np.einsum("jl,jk,jd->jlkd", w.W3, w.W1, w.W2))
-        return Z
+        return Proposition1.sum_heads(w.W1, w.W2, w.W3, np.zeros(w.heads, dtype=int) if w.gate is None else w.gate, h)
 
 
 class GatedAttention(AlternativeAttention):
@@ -394,10 +392,9 @@ class LinearMHSA(Network):
     def effective_coefficients(self):
         """The coefficients Z (d^2, d c_token) of program (6) that this network implements:
         ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` (the output equals the program's map at Z,
-        and ``beta ||Z||_* <=`` the penalty)."""
+        and ``beta ||Z||_* <=`` the penalty; :meth:`cvxtransformer.core.reductions.LinearMHSAReduction.coefficients`)."""
         a = self.arrays()
-        d = self.d
-        return np.einsum("jak,jlb->kalb", a["W1"], a["W2"]).reshape(d * d, d * self.c_token)
+        return LinearMHSAReduction.sum_heads(a["W1"], a["W2"])
 
 
 def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, **kwargs):
