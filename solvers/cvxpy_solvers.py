@@ -1,11 +1,9 @@
 """CVXPY backends: any program or its dual, built by :mod:`cvxtransformer.core.cvxpy_builders`,
-solved with Clarabel (interior point) or SCS (operator splitting)."""
+solved with Clarabel (interior point) or SCS (operator splitting). CVXPY is imported when one of
+them validates or solves a problem, not with this module (a torch solve never imports it)."""
 import time
 import warnings
 
-import cvxpy as cp
-
-from cvxtransformer.core.cvxpy_builders import BUILDERS
 from cvxtransformer.core.errors import MissingDependencyError, SolverError
 from cvxtransformer.core.result import BackendOutput
 
@@ -33,10 +31,16 @@ class CVXPYSolver(Solver):
         known = set(self.translate) | set(self.settings(1e-6, {}))
         self.options = tuple(sorted(known))
         super().validate(problem, form, options)
+        import cvxpy as cp
+
         if self.cvxpy_name not in cp.installed_solvers():
             raise MissingDependencyError(f"solver: {self.name} is not installed; pip install {self.name}")
 
     def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
+        import cvxpy as cp
+
+        from cvxtransformer.core.cvxpy_builders import BUILDERS
+
         label = problem.program.label
         t0 = time.perf_counter()
         built = BUILDERS[form](problem)

@@ -59,7 +59,9 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
         return help
 
 
-def build_parser():
+def build_parser(only=None):
+    """The parser of every command; with ``only`` (a command name), only that command's options are
+    configured (the others keep their name and help): what ``main`` needs, at a fraction of the cost."""
     parser = Parser(prog="cvxtransformer", formatter_class=Formatter, description=(
         "Convexified transformer attention: solve programs (8), (10), (12) (Ergen et al., arXiv 2211.11052) "
         "and the linear multi-head self-attention program (6) (Sahiner et al.) to global optimality, and "
@@ -68,13 +70,16 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, (configure, run, help) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help, formatter_class=Formatter)
-        configure(p)
+        if only is None or only == name:
+            configure(p)
         p.set_defaults(run=run)
     return parser
 
 
 def main(argv=None):
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # name the command whose options these are not

@@ -16,7 +16,6 @@ Example
 array([[2.4, 3.2],
        [0. , 0. ]])
 """
-import cvxpy as cp
 import numpy as np
 import torch
 
@@ -114,6 +113,8 @@ class GroupLasso(Regularizer):
 
     def cvxpy_value(self, blocks):
         """CVXPY form; ``blocks`` is a (d, number of groups) expression whose columns are the groups."""
+        import cvxpy as cp
+
         return self.beta * cp.sum(cp.norm(blocks, 2, axis=0))
 
     def cvxpy_dual_constraint(self, blocks):
@@ -121,6 +122,8 @@ class GroupLasso(Regularizer):
         from its multipliers ``lambda_g >= 0``: ``z_g = lambda_g G_g / beta`` (stationarity of the
         Lagrangian in V). Returns ``(constraints, readback)``; ``readback(G_value)`` gives the
         primal in the layout of ``blocks``."""
+        import cvxpy as cp
+
         constraint = cp.norm(blocks, 2, axis=0) <= self.beta
 
         def readback(G):
@@ -204,6 +207,8 @@ class NuclearNorm(Regularizer):
         return (U[:, :r] * s[:r]) @ Wh[:r]
 
     def cvxpy_value(self, blocks):
+        import cvxpy as cp
+
         return self.beta * cp.normNuc(blocks)
 
     def cvxpy_dual_constraint(self, blocks):
@@ -211,6 +216,8 @@ class NuclearNorm(Regularizer):
         the primal is read back from its multiplier ``Lambda``: ``Z = -2 Lambda_12`` (stationarity of
         the Lagrangian in V, with CVXPY's sign convention for the multiplier of a maximisation).
         Returns ``(constraints, readback)``."""
+        import cvxpy as cp
+
         p, q = blocks.shape
         lmi = cp.bmat([[self.beta * np.eye(p), blocks], [blocks.T, self.beta * np.eye(q)]])
         constraint = lmi >> 0
