@@ -6,6 +6,8 @@ file). Every command module imports only the standard library at import time, so
 instant; numpy, cvxpy and torch are imported when a command runs.
 """
 import argparse
+import os
+import re
 import sys
 
 from .. import __version__
@@ -42,7 +44,14 @@ COMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``<prog>: error: <message> (see <prog> --help)``, exit code 2."""
+    """argparse with one-line errors: ``<prog>: error: <message> (see <prog> --help)``, exit code 2.
+
+    Negative numbers in scientific notation (``--tol -1e-6``) are taken as values, as ``-1`` and
+    ``-0.5`` are, so that the option's own check names what is wrong with them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -76,6 +85,19 @@ def build_parser(only=None):
     return parser
 
 
+def _stdout_closed():
+    """The reader of our output went away (``| head``): stop quietly, as Unix tools do. Later writes,
+    and the interpreter's last flush, go to /dev/null; the exit code is that of SIGPIPE (128 + 13)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured): nothing to redirect
+        pass
+    finally:
+        os.close(devnull)
+    return 141
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -87,13 +109,19 @@ def main(argv=None):
             parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
     except SystemExit as exc:  # --help, --version, or a usage error (already printed on one line)
         return exc.code
+    except BrokenPipeError:  # --help | head
+        return _stdout_closed()
     from ..core.errors import CvxTransformerError
 
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
     except CvxTransformerError as exc:
         print(f"cvxtransformer {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print(f"cvxtransformer {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -130,12 +130,12 @@ def _check_mode(args, data):
 
 def prepare(args):
     """Read DATA and validate every option: a :class:`cvxtransformer.comparison.Plan` (no solve, no
-    training, no file written)."""
+    training, no file written), and the classes of string labels (None for numeric targets)."""
     from ..comparison import plan
     from ..comparison.models import check_heads, check_models
     from ..core.errors import InvalidInputError
     from ..core.io import load_npz
-    from .options import make_problem_from
+    from .options import encode_labels, make_problem_from
 
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise InvalidInputError(f"--out-dir: expected a folder (created if missing), got {args.out_dir!r}, "
@@ -150,8 +150,12 @@ def prepare(args):
         if (f"X_{split}" in data) != (f"y_{split}" in data):
             raise InvalidInputError(f"DATA: {args.data!r} has only one of X_{split}, y_{split}; save both or neither")
     U1, U2 = data.get("U1"), data.get("U2")
-    problem = make_problem_from(args, data["X"], data["y"], U1, U2)
-    return plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
+    y, classes = encode_labels(data["y"], args.loss)
+    for split in ("test", "val"):
+        if f"y_{split}" in data and classes is not None:
+            data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
+    problem = make_problem_from(args, data["X"], y, U1, U2)
+    return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
                 tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,
                 test=_split(data, "test"), validation=_split(data, "val"), tune=grid,
@@ -166,11 +170,13 @@ def _split(data, name):
 def run(args):
     from ..comparison.result import format_report
     from ..core.io import dumps, prepare_out_dir
+    from .options import class_mapping
 
-    plan = prepare(args)
+    classes, plan = prepare(args)
     prepare_out_dir(args.out_dir)
     comparison = plan.run()
-    files = comparison.save(args.out_dir)
-    summary = comparison.summary(args.out_dir, files)
-    print(dumps(summary) if args.json else format_report(summary))
+    labels = {} if classes is None else {"classes": classes.tolist(), "class_mapping": class_mapping(classes, args.loss)}
+    summary = comparison.summary(args.out_dir, comparison.save(args.out_dir, **labels), **labels)
+    text = format_report(summary) + (f"\nclasses: {labels['class_mapping']}" if labels else "")
+    print(dumps(summary) if args.json else text)
     return 0 if comparison.certified else 1

@@ -81,3 +81,44 @@ def make_problem_from(args, X, y, U1=None, U2=None, program=None):
     if args.beta_frac is not None:
         problem = problem.with_beta(args.beta_frac * problem.beta_max())
     return problem
+
+
+def encode_labels(y, loss, classes=None, role="y"):
+    """Class labels that are not numbers (strings, e.g. ``"a"``, ``"b"``) mapped as the estimators map
+    them: the classes sorted, class k -> k for cross_entropy, ``classes[0] -> -1``, ``classes[1] -> +1``
+    for logistic. ``classes``: the mapping of the training labels, for another split (or a stored
+    RESULT). Returns ``(y, classes)``; numeric labels without ``classes`` come back as they are, with
+    ``classes`` None."""
+    import numpy as np
+
+    from ..core.errors import InvalidInputError
+
+    y = np.asarray(y)
+    if classes is None and y.dtype.kind in "biuf":
+        return y, None
+    if loss not in ("cross_entropy", "logistic"):
+        raise InvalidInputError(f"{role}: expected numeric targets for the {loss} loss, got labels of dtype "
+                                f"{y.dtype}; class labels need --loss cross_entropy or logistic")
+    if y.ndim != 1:
+        raise InvalidInputError(f"{role}: expected one label per sample, shape (N,), got shape {y.shape}")
+    if classes is None:
+        classes, index = np.unique(y, return_inverse=True)
+    else:
+        classes = np.asarray(classes)
+        unknown = ~np.isin(y, classes)
+        if unknown.any():
+            raise InvalidInputError(f"{role}: labels {np.unique(y[unknown])[:5].tolist()} are not among the "
+                                    f"classes {classes.tolist()} of the training labels")
+        index = np.searchsorted(classes, y)
+    if loss == "logistic":
+        if len(classes) != 2:
+            raise InvalidInputError(f"{role}: expected 2 classes for the logistic loss, got {len(classes)}; "
+                                    "use --loss cross_entropy")
+        return 2 * index - 1, classes
+    return index, classes
+
+
+def class_mapping(classes, loss):
+    """How labels were mapped, e.g. ``"a -> 0, b -> 1"`` (logistic: ``"a -> -1, b -> +1"``)."""
+    codes = ["-1", "+1"] if loss == "logistic" else [str(k) for k in range(len(classes))]
+    return ", ".join(f"{c} -> {k}" for c, k in zip(classes.tolist(), codes))

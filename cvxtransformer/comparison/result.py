@@ -221,10 +221,10 @@ class Comparison:
         return (f"convex ({p}) exact" + (f", beta {frac:g} beta_max" if frac is not None else "")
                 + (f": {what}" if what else ""))
 
-    def save(self, folder):
+    def save(self, folder, **extra):
         """Write into ``folder``: ``<run>.npz`` per model (weights, ``objective_history``,
         ``seconds_history``), ``convex_p<program>.npz`` (as ``solve --out``), the plots of :meth:`plot`
-        and ``compare.json`` (:meth:`to_dict` with ``files`` and ``out_dir``); returns the file names."""
+        and ``compare.json`` (:meth:`summary`, with the ``extra`` entries); returns the file names."""
         from ..core.io import prepare_out_dir, save_npz, write_json
 
         prepare_out_dir(folder, "folder")
@@ -240,14 +240,15 @@ class Comparison:
             save_npz(os.path.join(folder, files[-1]), objective_history=r.train.history.objective,
                      seconds_history=r.train.history.seconds, **arrays)
         files += self.plot(folder) + ["compare.json"]
-        write_json(os.path.join(folder, "compare.json"), self.summary(folder, files))
+        write_json(os.path.join(folder, "compare.json"), self.summary(folder, files, **extra))
         return files
 
-    def summary(self, folder=None, files=None):
-        """:meth:`to_dict` with the output folder and the files written there."""
+    def summary(self, folder=None, files=None, **extra):
+        """:meth:`to_dict` with the output folder, the files written there and the ``extra`` entries."""
         out = self.to_dict()
         if folder is not None:
             out.update(out_dir=os.path.abspath(folder), files=files)
+        out.update(extra)
         return out
 
     def __str__(self):

@@ -38,6 +38,11 @@ class Plan:
     sequence: bool
     progress: bool
 
+    @property
+    def heartbeat(self):
+        """Seconds of a silent exact solve before a progress line (None without ``progress``)."""
+        return 5.0 if self.progress else None
+
     def bounding(self, model, problem=None):
         """The problem whose certificate bounds ``model`` (None for (3)), at ``problem``'s beta."""
         row = MODELS[model].bounding
@@ -80,7 +85,8 @@ class Plan:
         from .result import Comparison, ModelResult, label
 
         problems = self.problems()
-        solutions = {p: solve(P, solver=self.solver, tol=self.tol, refine=True) for p, P in problems.items()}
+        solutions = {p: solve(P, solver=self.solver, tol=self.tol, refine=True, heartbeat_after=self.heartbeat)
+                     for p, P in problems.items()}
         convex = {p: convex_summary(solutions[p], P, self.test) for p, P in problems.items()}
         main = self.problem.program.name
         runs = {}

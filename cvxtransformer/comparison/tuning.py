@@ -68,7 +68,8 @@ def run_tuned(plan):
     for p, problem in problems.items():
         exact[p], exact_rows[p] = [], []
         for f, b in zip(fracs, betas):
-            result = solve(problem.with_beta(b), solver=plan.solver, tol=plan.tol, refine=True)
+            result = solve(problem.with_beta(b), solver=plan.solver, tol=plan.tol, refine=True,
+                           heartbeat_after=plan.heartbeat)
             score = problem.loss.metrics(problem.program.on(val[0]).forward(result.Z), val[1])[0]
             exact[p].append(result)
             exact_rows[p].append(dict(beta=b, beta_fraction=f, validation_loss=score,

@@ -129,7 +129,9 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
     if y_arr.dtype.kind not in "biuf":
-        raise invalid("y", "numeric targets", f"dtype {y_arr.dtype}")
+        raise invalid("y", "numeric targets", f"dtype {y_arr.dtype}",
+                      "map class labels to integers, e.g. classes, y = numpy.unique(y, return_inverse=True), or use "
+                      "the estimators (cvxtransformer.AttentionClassifier), which take any labels")
     if y_arr.dtype.kind == "f" and not np.all(np.isfinite(y_arr)):
         raise invalid("y", "finite values", "NaN/Inf entries", "remove or impute them")
     if y_arr.ndim == 3 and y_arr.shape[1] != n:

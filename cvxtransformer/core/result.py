@@ -94,9 +94,11 @@ class SolveResult:
     def history_dicts(self):
         return [asdict(h) for h in self.history]
 
-    def save(self, path):
-        """Write ``Z``, ``V``, ``beta`` (and ``U1``, ``U2`` for program (12)) to ``path`` atomically."""
-        arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary()))}
+    def save(self, path, **extra):
+        """Write ``Z``, ``V``, ``beta`` (and ``U1``, ``U2`` for program (12)) and the ``extra`` arrays to
+        ``path`` atomically."""
+        arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary())),
+                  **extra}
         if self.U1 is not None:
             arrays.update(U1=self.U1, U2=self.U2)
         save_npz(path, **arrays)
