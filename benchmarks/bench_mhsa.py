@@ -168,7 +168,7 @@ def main():
     c = ex["compare"]
     lines = [
         "# Linear multi-head self-attention: the nuclear-norm program (6)", "",
-        "Sahiner et al. (*Unraveling Attention via Convex Duality*, poster in ../shared/papers/003) show that training",
+        "Sahiner et al. (*Unraveling Attention via Convex Duality*, arXiv 2205.08078; ICML 2022) show that training",
         "a linear multi-head self-attention layer with weight decay,", "",
         "    min_{W1j, W2j}  sum_i L( sum_j X_i W1j X_i^T X_i W2j , Y_i ) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)   (5)",
         "", "is the convex program", "",

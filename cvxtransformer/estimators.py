@@ -238,8 +238,8 @@ _ATTRIBUTES = """
     dual_gap_ : float, the duality gap P(Z) - D(V) of the certificate
     n_iter_ : int, the solver's iterations (0 when beta >= beta_max: Z = 0 without a solve)
     beta_, beta_max_ : float, the beta used and beta_max of the training data
-    problem_ : the ConvexProblem solved (its program holds the gates); ``ct.recover_weights(problem_,
-        coef_)`` gives the nonconvex network's weights
+    problem_ : the ConvexProblem solved (its program holds the gates);
+        ``ct.recover_weights(problem_, coef_)`` gives the nonconvex network's weights
     solver_status_ : str, the solver's own status (reported, never trusted)
 """
 

@@ -23,6 +23,8 @@ from .solving import solve
 class PathPoint:
     """One beta of a path.
 
+    Attributes
+    ----------
     beta : the regularization weight
     result : the certified :class:`SolveResult` at this beta
     screened : number of blocks that gap-safe screening discarded (groups, or singular directions)

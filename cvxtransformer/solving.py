@@ -10,7 +10,7 @@ from solvers import get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
 from .core.result import SolveResult
-from .core.validation import check_tol
+from .core.validation import check_positive, check_tol
 from .verify import certify
 
 
@@ -72,6 +72,7 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
     True
     """
     tol = check_tol(tol)
+    heartbeat_after = check_positive("heartbeat_after", heartbeat_after, none_ok=True)
     backend = get_solver(solver)
     backend.validate(problem, form, options)
     program = problem.program

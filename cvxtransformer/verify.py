@@ -100,12 +100,15 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
 class NetworkCertificate:
     """How far a nonconvex network is from the global optimum of its family, certified.
 
+    Attributes
+    ----------
     network : the network's equation: ``"(9)"``, ``"(11)"`` or ``"(5)"``
     program : the convex program that bounds the family (8, 10, 12 or "mhsa")
     objective : the network's own objective ``sum_i L(yhat_i, y_i) + penalty``, evaluated on the network
     lower_bound : D(V), a certified lower bound on the objective of every network of the family on this
         data and beta, whatever its number of heads (D(V) <= P(Z*) <= that objective)
-    gap : ``objective - lower_bound >= objective - (global optimum)``; relative_gap: ``gap / max(1, |objective|)``
+    gap : ``objective - lower_bound >= objective - (global optimum)``
+    relative_gap : ``gap / max(1, |objective|)``
     heads : the network's number of heads
     Z : the coefficients the network implements (the program's shape), ``coefficients(problem, weights)``
     certificate : the verifier's :class:`~cvxtransformer.core.certificate.Certificate` at Z
@@ -203,9 +206,10 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
 
     Returns
     -------
-    :class:`NetworkCertificate`. The objective is the network's own: the module's ``objective`` for a
-    module (whose outputs are checked against the program's at Z), the reduction's ``objective`` (in
-    numpy, from the weights) for arrays.
+    NetworkCertificate
+        The objective is the network's own, the module's ``objective`` for a module (whose outputs
+        are checked against the program's at Z), the reduction's ``objective`` (in numpy, from the
+        weights) for arrays.
 
     Your own torch module: map its parameters to the heads. Network (9) computes
     ``yhat_i = sum_j (w_1j^T X_i w_2j) w_3j`` with penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``:

@@ -118,6 +118,8 @@ def _convex(problem, heads, sequence, seed):
 class Model:
     """One model of the comparison.
 
+    Attributes
+    ----------
     equation : the network's equation, e.g. ``"(9)"``; None for ``convex``, which is the program itself
     programs : the programs (``problem.program.name``) of a comparison that the model can join
     bounding : callable(problem, gates, gate_seed) -> the :class:`ConvexProblem` whose certificate D(V)

@@ -77,14 +77,18 @@ def _log_time_axis(ax):
 def plot_objective(runs, convex, path, title=""):
     """Objective, training loss and certified gap against time.
 
+    With ``loss_sum`` a middle panel shows the training loss alone: unlike the objectives, whose
+    regularisers differ between (3) and the convex family (and with the beta of each model when
+    tuned), it is the same function for every model.
+
+    Parameters
+    ----------
     runs : dict name -> dict(model, seconds=(S+1,), objective=(S+1,), lower_bound=float or None,
         and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples)
         (``lower_bound`` is D(V) of the convex program that bounds this network, None for (3))
     convex : dict program -> dict(primal_objective, dual_objective, optionally loss_sum, label)
-
-    With ``loss_sum`` a middle panel shows the training loss alone: unlike the objectives, whose
-    regularisers differ between (3) and the convex family (and with the beta of each model when
-    tuned), it is the same function for every model.
+    path : the PNG file
+    title : the left panel's title
     """
     with_loss = any("loss_sum" in run for run in runs.values())
     fig, axes = _subplots(1, 3 if with_loss else 2, figsize=(16.5 if with_loss else 11, 4.2))
@@ -135,9 +139,12 @@ def plot_tuning(grids, convex, path):
     """Validation loss over the tuning grid: one heatmap per model (learning rate x beta, the choice
     boxed) and the exact convex solutions' validation loss against beta.
 
+    Parameters
+    ----------
     grids : dict name -> dict(lr=(L,), beta_frac=(B,), loss=(L, B) validation losses (NaN: diverged),
         chosen=(i, j))
     convex : dict program -> dict(beta_frac=(B,), loss=(B,), chosen=j)
+    path : the PNG file
     """
     import matplotlib.colors
     import matplotlib.patches

@@ -12,6 +12,8 @@ from .models import equation
 class ModelResult:
     """One trained model of a comparison.
 
+    Attributes
+    ----------
     name : the run's key and file name: the model (``"alternative"``), or ``"<model>_m<heads>"`` when
         it is trained with several head counts
     model : the row of :data:`cvxtransformer.comparison.models.MODELS`

@@ -304,9 +304,10 @@ def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=N
 
     Returns
     -------
-    :class:`~cvxtransformer.comparison.result.Comparison`: per model the objective curve, the final
-    objective, the certified gap, test loss and accuracy; the convex solutions and certificates;
-    ``plot(folder)``, ``save(folder)``, ``to_dict()``.
+    Comparison
+        Per model the objective curve, the final objective, the certified gap, test loss and
+        accuracy; the convex solutions and certificates; ``plot(folder)``, ``save(folder)``,
+        ``to_dict()`` (:class:`~cvxtransformer.comparison.result.Comparison`).
 
     Example
     -------
