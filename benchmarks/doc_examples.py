@@ -20,16 +20,20 @@ def blocks(path):
 
 
 def run_page(path, folder):
-    """Execute the page's blocks in ``folder`` (files they write land there); returns the namespace."""
+    """Execute the page's blocks in ``folder`` (files they write land there; the working folder and
+    torch's thread count are restored afterwards); returns the namespace."""
+    import torch
+
     namespace = {"__name__": "__doc_example__"}
     os.makedirs(folder, exist_ok=True)
-    here = os.getcwd()
+    here, threads = os.getcwd(), torch.get_num_threads()
     os.chdir(folder)
     try:
         for code in blocks(path):
             exec(compile(code, str(path), "exec"), namespace)
     finally:
         os.chdir(here)
+        torch.set_num_threads(threads)  # a page may set it: the caller's setting is restored
     return namespace
 
 
