@@ -130,7 +130,7 @@ def main():
         rows.append((label, median, best, top, heavy))
         print(f"{label}: median {median:.2f} s, best {best:.2f} s; {top}; heavy {heavy}", flush=True)
         if "fista --json" in label:
-            target = median / reference
+            target = (median / reference, best / rows[0][2])
     (t_torch, t_cli, t_run), calls = phases(python, solve[3:])
 
     lines = [
@@ -144,11 +144,15 @@ def main():
         "charges at least 20 ms (the sum of their modules' own import times, in seconds), and which of",
         "CVXPY, SciPy, matplotlib, scikit-learn and transformers were loaded.",
         "",
-        f"Machine: {machine(threads=None)}; the machine was otherwise idle (the run held the",
-        f"benchmark lock of this project's shared machine; load average {load()} at the end).",
+        f"Machine: {machine(threads=None)}. The run held the benchmark lock of this project's shared",
+        "machine, so no other helper's heavy work ran, but other processes did (1-minute load average",
+        f"{load()} at the end): single runs vary by a few tenths of a second, which the medians and best",
+        "times show.",
         "",
         f"**Target: a tiny `solve --solver fista --json` within {TARGET}x of `import torch`: "
-        f"{target:.2f}x, {'met' if target <= TARGET else 'NOT met'}.**",
+        f"{target[0]:.2f}x by the medians, {target[1]:.2f}x by the best times, "
+        f"{(t_torch + t_cli + t_run) / t_torch:.2f}x in one process (below): "
+        f"{'met' if max(target[0], target[1], (t_torch + t_cli + t_run) / t_torch) <= TARGET else 'NOT met'}.**",
         "",
         "| command | median (s) | best (s) | x import torch | imports (s) | heavy packages loaded |",
         "|---|---|---|---|---|---|",
