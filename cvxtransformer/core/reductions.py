@@ -262,8 +262,15 @@ class GatedMHSAReduction(Reduction):
         W1, W2 = W1.astype(float), W2.astype(float)
         if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
             raise invalid("weights", "finite values", "NaN/Inf entries")
-        Z = np.zeros(p.shape)
-        np.add.at(Z, gate, np.einsum("jak,jlb->jkalb", W1, W2).reshape(m, *p.shape[1:]))
+        return GatedMHSAReduction.sum_heads(W1, W2, gate, p.gates)
+
+    @staticmethod
+    def sum_heads(W1, W2, gate, gates):
+        """``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]`` of shape (gates, d^2, d c),
+        unchecked: the one implementation behind :meth:`coefficients` and ``GatedMHSA.effective_coefficients``."""
+        m, d, c = W2.shape
+        Z = np.zeros((gates, d * d, d * c))
+        np.add.at(Z, gate, np.einsum("jak,jlb->jkalb", W1, W2).reshape(m, d * d, d * c))
         return Z
 
     @staticmethod

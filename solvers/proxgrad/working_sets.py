@@ -89,7 +89,8 @@ class BlockWorkingSet:
         candidates = blocks_open & ~self.ws & (score > 1.0)
         n_cand = int(candidates.sum())
         if n_cand:
-            take = n_cand if not enabled else min(n_cand, max(p0, int(self.ws.sum())))
+            first = -(-p0 // self.mask.shape[1])  # p0 blocks (singular directions): whole gates
+            take = n_cand if not enabled else min(n_cand, max(first, int(self.ws.sum())))
             score = torch.where(candidates, score, torch.full_like(score, -np.inf))
             add = torch.zeros(self.h * self.n, dtype=torch.bool, device=self.ws.device)
             add[torch.topk(score.flatten(), take).indices] = True
@@ -173,7 +174,8 @@ class GateWorkingSet(WholeProblem):
     Only gates that can be nonzero are touched: a gate whose singular directions are all proved
     inactive by screening is dropped (its coefficients are zero at every optimum), and a gate enters
     the set when it is nonzero or its dual norm ``||(A^T V)_g||_2`` exceeds beta (the worst violators
-    first, at most doubling the set, as :class:`BlockWorkingSet`). Each subproblem restricts the
+    first, at most doubling the set, as :class:`BlockWorkingSet`; the first set holds the gates of
+    ``p0`` singular directions). Each subproblem restricts the
     operator to the gates of the set (``op.restrict(J)``). A single matrix (program (6)) is one gate,
     always in the set: the whole problem. Within a gate, no working set of row and column subspaces:
     it was tried on program (6) and never paid (the map costs O(N d^3 c) either way, the SVD of the
@@ -209,7 +211,8 @@ class GateWorkingSet(WholeProblem):
         candidates = open_ & ~self.ws & (score > 1.0)
         n_cand = int(candidates.sum())
         if n_cand:
-            take = n_cand if not enabled else min(n_cand, max(p0, int(self.ws.sum())))
+            first = -(-p0 // self.mask.shape[1])  # p0 blocks (singular directions): whole gates
+            take = n_cand if not enabled else min(n_cand, max(first, int(self.ws.sum())))
             self.ws[torch.topk(torch.where(candidates, score, -np.inf), take).indices] = True
         if not self.ws.any() and open_.any():  # nothing violates at x: keep the best-scored open gate
             self.ws[int(torch.argmax(torch.where(open_, score, -np.inf)))] = True
