@@ -3,7 +3,8 @@ import warnings
 import pytest
 import torch
 
-from cvxtransformer.testing import CASES, GROUP_LASSO_CASES, MHSA_CASES, case_id, random_problem, random_targets  # noqa: F401
+from cvxtransformer.testing import (CASES, GATED_MHSA_CASES, GROUP_LASSO_CASES, MHSA_CASES, NUCLEAR_CASES,  # noqa: F401
+                                   case_id, random_problem, random_targets)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

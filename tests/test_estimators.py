@@ -19,8 +19,8 @@ from sklearn.model_selection import GridSearchCV, KFold  # noqa: E402
 from sklearn.utils.estimator_checks import check_estimator  # noqa: E402
 
 from cvxtransformer import estimators  # noqa: E402
-from cvxtransformer.estimators import (AttentionClassifier, AttentionRegressor, MHSAClassifier,  # noqa: E402
-                                       MHSARegressor)
+from cvxtransformer.estimators import (AttentionClassifier, AttentionRegressor, GatedMHSAClassifier,  # noqa: E402
+                                       GatedMHSARegressor, MHSAClassifier, MHSARegressor)
 
 
 # ----------------------------------------------------------------------------- independent formulas
@@ -385,8 +385,8 @@ def cannot_apply(model):
     return {k: v for k, v in CANNOT_APPLY.items() if k not in skip}
 
 
-@pytest.mark.parametrize("model", [AttentionRegressor(), AttentionClassifier(), MHSARegressor(), MHSAClassifier()],
-                         ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("model", [AttentionRegressor(), AttentionClassifier(), MHSARegressor(), MHSAClassifier(),
+                                   GatedMHSARegressor(), GatedMHSAClassifier()], ids=lambda m: type(m).__name__)
 def test_checks_that_need_no_data_pass_on_the_estimators(model):
     from sklearn.utils import estimator_checks as ec
 

@@ -76,7 +76,7 @@ class GatedMHSAOperator(MHSAOperator):
         n, d, c, P = self.n, self.d, self.c, self.gates
         return n * (d + d * d + 2 * P * n + 2 * P * d * c + 2 * d * c) + self.n_outputs
 
-    def _data(self, s, e):
+    def _form(self, s, e):
         """(X rows (r, n, d), key features ``x_s x_s^T`` (r, n, d^2), masks (r, n, P*n) in (g, s) order)."""
         Xc = self.X[s:e].to(self.device, non_blocking=True)
         r, n, d = Xc.shape
@@ -147,7 +147,7 @@ class GatedMHSAProgram(LinearMHSAProgram):
         stop = self.N if stop is None else min(stop, self.N)
         parts = []
         for s in range(start, stop, op.chunk):
-            Xc, K, D = op._data(s, min(s + op.chunk, stop))
+            Xc, K, D = op._form(s, min(s + op.chunk, stop))
             parts.append(torch.cat([op._design_rows(Xc, op._query_grams(K, D, g)) for g in range(self.gates)], 1))
         if not parts:
             return np.zeros((0, self.gates * self.d ** 3))

@@ -80,6 +80,7 @@ class MHSAOperator:
             chunk = max(256, int(CHUNK_BYTES // (X.element_size() * self._row_elements())))
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
+        self._formed = None
 
     @property
     def shape(self):
@@ -102,8 +103,16 @@ class MHSAOperator:
         return not isinstance(self.X, torch.Tensor) or self.X.device != self.device
 
     def _data(self, s, e):
-        """(X rows (r, n, d) on the device, key features K (r, m, d^2), masks (r, n, P*m) or None):
-        here one key per sample, ``G_i``, and no mask."""
+        """(X rows (r, n, d) on the device, key features K (r, m, d^2), masks (r, n, P*m) or None) of the
+        samples s:e; formed once when all the data is one chunk on the device (a few MB at most)."""
+        if len(self.bounds) > 1 or self.streams:
+            return self._form(s, e)
+        if self._formed is None:
+            self._formed = self._form(s, e)
+        return self._formed
+
+    def _form(self, s, e):
+        """:meth:`_data`, formed: here one key per sample, ``G_i``, and no mask."""
         Xc = self.X[s:e].to(self.device, non_blocking=True)
         return Xc, (Xc.transpose(1, 2) @ Xc).reshape(e - s, 1, -1), None
 
