@@ -12,7 +12,7 @@
   ``||(A^T V)_g||_2`` exceeds beta, and subproblems restrict the operator to the gates of the set.
   A single matrix (program (6)) is one gate: the whole problem.
 
-Both offer ``forward`` (``A x`` for a certificate check), ``screen``, ``next`` (the next working
+Each offers ``forward`` (``A x`` for a certificate check), ``screen``, ``next`` (the next working
 set, as a hashable key: None for the whole problem), ``restrict``, ``extract``, ``embed`` and
 ``screened_mask``.
 """
@@ -89,8 +89,7 @@ class BlockWorkingSet:
         candidates = blocks_open & ~self.ws & (score > 1.0)
         n_cand = int(candidates.sum())
         if n_cand:
-            first = -(-p0 // self.mask.shape[1])  # p0 blocks (singular directions): whole gates
-            take = n_cand if not enabled else min(n_cand, max(first, int(self.ws.sum())))
+            take = n_cand if not enabled else min(n_cand, max(p0, int(self.ws.sum())))
             score = torch.where(candidates, score, torch.full_like(score, -np.inf))
             add = torch.zeros(self.h * self.n, dtype=torch.bool, device=self.ws.device)
             add[torch.topk(score.flatten(), take).indices] = True
