@@ -303,3 +303,24 @@ def test_bad_heads_solutions_and_command_lines(tmp_path, capsys):
     np.savez(data, X=X, y=X[:, :, :2], H=np.full((2, 3, 3), np.nan))
     assert main(["solve", str(data), *args]) == 2
     assert "H: expected finite values" in capsys.readouterr().err
+
+
+def test_compare_trains_the_gated_and_relu_networks_against_the_certified_bound(tmp_path):
+    problem = random_problem("gated_mhsa", "squared", "sequence", seed=7, N=30, n=3, d=3, gates=2, frac=0.2)
+    out = ct.compare(problem, steps=40, lr=0.05)
+    ranks = problem.regularizer.ranks(out.solutions["gated_mhsa"].Z)
+    r = int(ranks.sum())
+    gated = {run.network.heads: run for run in out.models.values() if run.model == "gated_mhsa"}
+    assert sorted(gated) == [r - 1, r, 2 * r]
+    # at sum_g rank(Z*_g) heads each gate g holds rank(Z*_g) of them
+    np.testing.assert_array_equal(np.bincount(gated[r].network.gate, minlength=len(ranks)), ranks)
+    for run in gated.values():
+        assert run.report["bound_applies"] and run.certified_gap >= 0
+        assert run.certified_lower_bound == out.certificate.dual_objective
+    relu = [run for run in out.models.values() if run.model == "relu_mhsa"]
+    assert len(relu) == 3 and all(not run.report["bound_applies"] and run.certified_gap is None for run in relu)
+    assert all(run.report["objective_minus_convex_optimum"] == pytest.approx(
+        run.objective - out.certificate.primal_objective, rel=1e-12) for run in relu)
+    files = out.save(tmp_path)
+    assert "singular_values.png" in files and (tmp_path / "singular_values.png").stat().st_size > 0
+    assert np.load(tmp_path / f"gated_mhsa_m{r}.npz")["H"].shape == problem.program.H.shape

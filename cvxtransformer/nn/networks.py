@@ -495,6 +495,9 @@ class ReluMHSA(_ScoredMHSA):
     def forward(self, X):
         return self._attend(X, torch.relu(self.scores(X)))
 
+    def effective_coefficients(self):
+        raise TypeError("relu_mhsa: no convex program has coefficients for it (its masks move with W1)")
+
 
 def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, H=None, **kwargs):
     """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11), ``"softmax"`` (3),
