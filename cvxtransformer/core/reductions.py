@@ -111,6 +111,13 @@ class Reduction:
     networks = {}
 
     @classmethod
+    def check_form(cls, form):
+        """``form`` if this reduction recovers weights in it; errors name the argument."""
+        if form not in cls.forms:
+            raise invalid("form", f"one of {cls.forms}", repr(form))
+        return form
+
+    @classmethod
     def apply(cls, network, X, y, loss="squared", beta=1.0, **options):
         """The convex program of ``network`` on data (X, y), built by :func:`make_problem`."""
         from .problem import make_problem
@@ -139,8 +146,7 @@ class Proposition1(Reduction):
     @staticmethod
     def invert(problem, Z, form="balanced"):
         """The heads of Proposition 1 from coefficients Z (the program's shape)."""
-        if form not in Proposition1.forms:
-            raise invalid("form", f"one of {Proposition1.forms}", repr(form))
+        Proposition1.check_form(form)
         program = problem.program
         Z4 = np.asarray(Z, dtype=float).reshape(program.canonical_shape)
         h, c, n, d = Z4.shape
@@ -183,8 +189,7 @@ class LinearMHSAReduction(Reduction):
     @staticmethod
     def invert(problem, Z, form="balanced"):
         """``m = rank(Z)`` heads (W1j, W2j) from the SVD of Z, balanced: ``beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j``."""
-        if form not in LinearMHSAReduction.forms:
-            raise invalid("form", f"one of {LinearMHSAReduction.forms}", repr(form))
+        LinearMHSAReduction.check_form(form)
         p = problem.program
         return MHSAHeads(*_svd_heads(Z, problem.regularizer.rank(Z), p.d, p.c))
 
@@ -236,8 +241,7 @@ class GatedMHSAReduction(Reduction):
     @staticmethod
     def invert(problem, Z, form="balanced"):
         """``rank(Z_g)`` heads on each gate g from the SVD of ``Z_g``, balanced as for program (6)."""
-        if form not in GatedMHSAReduction.forms:
-            raise invalid("form", f"one of {GatedMHSAReduction.forms}", repr(form))
+        GatedMHSAReduction.check_form(form)
         p = problem.program
         Z = np.asarray(Z, dtype=float)
         ranks = problem.regularizer.ranks(Z)
