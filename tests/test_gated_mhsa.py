@@ -324,3 +324,16 @@ def test_compare_trains_the_gated_and_relu_networks_against_the_certified_bound(
     files = out.save(tmp_path)
     assert "singular_values.png" in files and (tmp_path / "singular_values.png").stat().st_size > 0
     assert np.load(tmp_path / f"gated_mhsa_m{r}.npz")["H"].shape == problem.program.H.shape
+
+
+def test_the_example_of_docs_gated_mhsa_runs(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "gated_mhsa.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "docs/gated_mhsa.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("True") and lines[-1] == "True"
