@@ -91,7 +91,8 @@ def example(steps, quick):
         np.savez(data, X=X, y=Y, H=problem.program.H)
         run = os.path.join(tmp, "run")
         argv = ["compare", data, "--program", "gated_mhsa", "--loss", "squared", "--beta", repr(problem.beta),
-                "--steps", str(steps), "--lr", "0.01", "--seed", "0", "--out-dir", run, "--quiet", "--json"]
+                "--steps", str(steps), "--lr", "0.01", "--seed", "0", "--tol", "1e-9", "--out-dir", run, "--quiet",
+                "--json"]
         command = "cvxtransformer " + " ".join(a if a != data else "DATA.npz" for a in argv[:-4]) + " --out-dir RUN"
         with contextlib.redirect_stdout(io.StringIO()):  # the --json summary, read back from the file below
             cli(argv)
@@ -110,7 +111,7 @@ def example(steps, quick):
         else:
             gap = "not bounded | -"
         lines.append(f"| {name} | {m['heads']} | {m['objective']:.8g} | {gap} | "
-                     f"{m['objective'] - out['primal_objective']:+.4g} |")
+                     f"{m['objective'] - c_.primal_objective:+.4g} |")
     lines += ["", "![objective against time](figures/gated_mhsa/objective.png)",
               "![singular values of each Z*_g and of the networks](figures/gated_mhsa/singular_values.png)"]
     return lines
@@ -157,12 +158,14 @@ def relu(steps, quick):
     beta = 0.1 * linear.beta_max()
     optimum = {"program (6), no gate": ct.solve(linear.with_beta(beta), "fista", tol=1e-8).certificate}
     ranks = {"program (6), no gate": optimum["program (6), no gate"].support_size}
-    for P in gates:
-        problem = ct.make_problem(X, Y, program="gated_mhsa", loss="squared", beta=beta, gates=P, gate_seed=0)
+    H = ct.sample_gate_matrices(max(gates), d, seed=0)  # P gates: the first P of these, so the sets are nested
+    sets = {f"P = {P} random gates": H[:P] for P in gates}
+    sets[f"the open gate (H = 0) and the {max(gates)} random gates"] = np.concatenate([np.zeros((1, d, d)), H])
+    for name, gates_H in sets.items():
+        problem = ct.make_problem(X, Y, program="gated_mhsa", loss="squared", beta=beta, H=gates_H)
         result = ct.solve(problem, "fista", tol=1e-8)
-        optimum[f"P = {P} random gates"] = result.certificate
-        ranks[f"P = {P} random gates"] = result.certificate.support_size
-        print(f"P={P:2d}: P(Z*) {result.certificate.primal_objective:.6g} gap {result.certificate.relative_gap:.1e} "
+        optimum[name], ranks[name] = result.certificate, result.certificate.support_size
+        print(f"{name}: P(Z*) {result.certificate.primal_objective:.6g} gap {result.certificate.relative_gap:.1e} "
               f"rank {result.certificate.support_size}", flush=True)
     runs = []
     for seed in seeds:

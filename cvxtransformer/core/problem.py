@@ -125,7 +125,7 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
         raise invalid("loss", f"one of {fam.losses} for program ({program})", repr(loss.name),
                       "use program 10 or 12 for several outputs")
     X = check_array("X", X, 3, "shape (N, n, d)")
-    N, n, d = X.shape
+    N, n = X.shape[:2]
     y_arr = np.asarray(y)
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
