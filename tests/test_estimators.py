@@ -447,11 +447,7 @@ def test_scikit_learn_checks_on_the_mhsa_classifier():
 
 
 def test_the_example_of_docs_estimators_runs(capsys):
-    from pathlib import Path
+    from conftest import run_doc_examples
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "estimators.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert blocks
-    for code in blocks:
-        exec(compile(code, "docs/estimators.md", "exec"), {})
+    run_doc_examples("estimators.md")
     assert "True" in capsys.readouterr().out  # the chosen model is certified

@@ -16,7 +16,7 @@ from cvxtransformer.core.reductions import GatedMHSAHeads, GatedMHSAReduction
 from cvxtransformer.nn.networks import GatedMHSA, ReluMHSA
 from cvxtransformer.nn.trainer import train
 
-from conftest import GATED_MHSA_CASES, case_id, random_problem
+from conftest import GATED_MHSA_CASES, case_id, random_problem, run_doc_examples
 
 # One sample, n = 2 tokens, d = 1: x = (2, -1); two gates h = +1 and h = -1.
 X1 = np.array([[[2.0], [-1.0]]])
@@ -327,13 +327,6 @@ def test_compare_trains_the_gated_and_relu_networks_against_the_certified_bound(
 
 
 def test_the_example_of_docs_gated_mhsa_runs(capsys):
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "docs" / "gated_mhsa.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert blocks
-    for code in blocks:
-        exec(compile(code, "docs/gated_mhsa.md", "exec"), {})
+    run_doc_examples("gated_mhsa.md")
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("True") and lines[-1] == "True"

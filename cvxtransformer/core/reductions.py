@@ -232,7 +232,8 @@ class GatedMHSAReduction(Reduction):
     For any heads, ``Z_g = sum_{j: gate(j) = g} u_j v_j^T`` (:meth:`coefficients`) gives the same outputs
     and ``||Z_g||_* <= sum_j ||W1j|| ||W2j|| <= sum_j (||W1j||^2 + ||W2j||^2) / 2``; the SVD of each
     ``Z_g`` gives heads that attain it (:meth:`invert`). So P(Z*) is the optimum of the network with
-    these gates once it has ``sum_g rank(Z*_g)`` heads, and a lower bound for any number of heads.
+    these gates once each gate g holds ``rank(Z*_g)`` heads (``sum_g rank(Z*_g)`` in all), and a lower
+    bound for any number of heads.
     """
 
     networks = {"gated_mhsa": "gated_mhsa"}

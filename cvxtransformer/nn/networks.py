@@ -431,7 +431,7 @@ class GatedMHSA(_ScoredMHSA):
     (:func:`cvxtransformer.core.gated_mhsa.attention_masks`); ``H`` (P, d, d): the gates of the gated
     program; ``gate`` (m,) ints in [0, P) (default ``j mod P``). Parameters, outputs and penalty as
     :class:`LinearMHSA`. The gated MHSA program is its convex equivalent: P(Z*) is a lower bound on
-    this objective for every m, attained once m >= sum_g rank(Z*_g).
+    this objective for every m, attained once each gate g holds rank(Z*_g) heads.
     """
 
     name = "gated_mhsa"
