@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cvxtransformer.testing import (CASES, GATED_MHSA_CASES, GROUP_LASSO_CASES, MHSA_CASES, NUCLEAR_CASES,  # noqa: F401
+from cvxtransformer.testing import (CASES, GATED_MHSA_CASES, GROUP_LASSO_CASES, MHSA_CASES,  # noqa: F401
                                    case_id, random_problem, random_targets)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -17,6 +17,7 @@ def _quiet_cvxpy_warnings():
     # "Solution may be inaccurate" is reported in the status, not by a warning.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+        warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
         yield
 
 
