@@ -96,5 +96,6 @@ def solve(problem, solver="clarabel", form="primal", tol=1e-6, verbose=False, sc
     return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver,
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
                        build_seconds=times[0], solve_seconds=times[1], iterations=iterations,
-                       U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), history=history,
+                       U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), H=getattr(program, "H", None),
+                       history=history,
                        screened=np.asarray(screened))

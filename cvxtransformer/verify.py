@@ -53,7 +53,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
     ----------
     problem : ConvexProblem, from :func:`cvxtransformer.make_problem`
     Z : ndarray of the program's shape: (n, d) for (8), (c, n, d) for (10), (h, c, n, d) for (12),
-        (d^2, dc) for "mhsa"
+        (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa"
     V : optional candidate dual point (N, n_outputs) (or (N,) with one output), e.g. a solver's
         multipliers; it is made feasible here and used only if it gives a better bound
     tol : the relative gap below which the solution is reported ``certified`` (0 < tol < 1)

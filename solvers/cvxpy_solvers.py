@@ -48,6 +48,8 @@ class CVXPYSolver(Solver):
         options = {self.translate.get(k, k): v for k, v in options.items()}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            # a stack of matrices (the gated MHSA program) is canonicalised by CVXPY's SciPy backend: not news
+            warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
             try:
                 built.problem.solve(solver=self.cvxpy_name, verbose=verbose, **self.settings(tol, options))
             except cp.error.SolverError as exc:

@@ -21,7 +21,7 @@ USE = {
         from cvxtransformer.core.certificate import assemble
         from cvxtransformer.core.cvxpy_builders import build_primal
         X = np.random.default_rng(0).standard_normal((10, 3, 2))
-        for program in (12, "mhsa"):
+        for program in (12, "mhsa", "gated_mhsa"):
             P = make_problem(X, X[:, 0, :], program=program, beta=0.5)
             cert = assemble(P, P.zeros(), {}, 1e-6)
             assert cert.primal_objective >= cert.dual_objective

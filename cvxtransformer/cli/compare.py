@@ -12,6 +12,9 @@ and Sahiner et al.):
 * alternative attention (6)/(9): program (8) when ``--program 8``, else program (10);
 * gated-ReLU network (11): program (12), with the same gates U1, U2;
 * linear multi-head self-attention (5): program (6) (``mhsa``);
+* gated-ReLU multi-head self-attention (``gated_mhsa``): the gated MHSA program, with the same gates H;
+  the same heads with a real ReLU on the scores (``relu_mhsa``) are not covered (their masks move
+  with W1): their objective is compared with the gated program's optimum, which they may beat;
 * ``convex``: the coefficients Z of ``--program`` (8/10/12) trained by Adam/SGD on P(Z) itself
   (the paper trains its convex model this way too), certified by the same D(V);
 * softmax attention (3): not covered; it is compared with the optimum of ``--program``, and
@@ -42,13 +45,13 @@ Outputs in ``--out-dir``: ``<run>.npz`` (trained weights, with ``objective_histo
 ``convex_p<program>.npz`` (the convex solutions, as ``solve --out``), ``compare.json`` (what
 ``--json`` prints), ``objective.png``, ``attention.png`` (group-lasso programs; with the teacher's
 map when DATA holds ``teacher_attention``, as ``cvxtransformer bert-data`` writes),
-``singular_values.png`` (``mhsa``), ``tuning.png`` (``--tune``) and, when DATA holds ``X_test``
+``singular_values.png`` (``mhsa``; ``gated_mhsa``: one panel per gate), ``tuning.png`` (``--tune``) and, when DATA holds ``X_test``
 and ``y_test``, ``test_loss.png``.
 """
 import argparse
 import os
 
-from .options import LOSS_HELP, positive_float, positive_int, program, tolerance
+from .options import LOSS_HELP, PROGRAMS, positive_float, positive_int, program, tolerance
 
 GRID = "1e-3,1e-2,1e-1"  # the default grids of cvxtransformer.comparison.run, for the help text
 
@@ -64,17 +67,17 @@ def positive_floats(text):
 def configure(p):
     p.add_argument("data", metavar="DATA.npz",
                    help="X (N, n, d) and y as for solve; optionally X_val, y_val (--tune), X_test, y_test, "
-                        "U1 (h, n), U2 (h, d), teacher_attention (n, n)")
-    p.add_argument("--program", type=program, required=True, metavar="{8,10,12,mhsa}",
+                        "U1 (h, n), U2 (h, d), H (P, d, d), teacher_attention (n, n)")
+    p.add_argument("--program", type=program, required=True, metavar="{" + ",".join(PROGRAMS) + "}",
                    help="the convex program solved and reported at the top level")
     p.add_argument("--loss", choices=("squared", "logistic", "cross_entropy"), required=True, help=LOSS_HELP)
     beta = p.add_mutually_exclusive_group()
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0 (shared by every model)")
     beta.add_argument("--beta-frac", type=positive_float, metavar="F", help="beta = F * beta_max of --program on DATA")
     p.add_argument("--models", default=None, metavar="M1,M2",
-                   help="comma-separated from alternative, gated, softmax, linear_mhsa, convex (default: "
-                        "alternative,softmax; gated,softmax for --program 12; linear_mhsa for --program mhsa; "
-                        "with --tune, convex is added for 8/10/12)")
+                   help="comma-separated from alternative, gated, softmax, linear_mhsa, gated_mhsa, relu_mhsa, convex "
+                        "(default: alternative,softmax; gated,softmax for --program 12; linear_mhsa for --program "
+                        "mhsa; gated_mhsa,relu_mhsa for --program gated_mhsa; with --tune, convex is added for 8/10/12)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="the networks' optimiser")
     p.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate (default 0.01; objectives are sums over samples, so SGD needs about 1/(N L))")
@@ -82,10 +85,11 @@ def configure(p):
     p.add_argument("--batch-size", type=positive_int, default=None, help="mini-batch size (default: full batch)")
     p.add_argument("--heads", default=None, metavar="M[,M2,...]",
                    help="heads of the networks, one count or several (default: the number of groups of the "
-                        "bounding program for (9)/(11), enough for any convex solution; for (5), rank(Z*) - 1, "
-                        "rank(Z*) and 2 rank(Z*))")
+                        "bounding program for (9)/(11), enough for any convex solution; for (5) and the MHSA "
+                        "networks, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates))")
     p.add_argument("--gates", type=positive_int, default=8, metavar="H",
-                   help="gates h of program (12) and network (11) when DATA has no U1, U2")
+                   help="gates: h of program (12) and network (11) when DATA has no U1, U2; P of gated_mhsa when "
+                        "DATA has no H")
     p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates")
     p.add_argument("--classes", type=positive_int, default=None, help="number of classes (cross-entropy only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisations and mini-batches")
@@ -154,7 +158,7 @@ def prepare(args):
     for split in ("test", "val"):
         if f"y_{split}" in data and classes is not None:
             data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
-    problem = make_problem_from(args, data["X"], y, U1, U2)
+    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"))
     return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
                 tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,

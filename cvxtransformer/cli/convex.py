@@ -4,6 +4,8 @@ from .options import (add_problem_arguments, class_mapping, encode_labels, make_
 
 TORCH_ONLY = ("device", "dtype", "progress", "chunk_size")
 HEARTBEAT = 5.0  # seconds of a silent solve before a progress line
+NAMES = {"mhsa": "program (6) (linear MHSA)", "gated_mhsa": "gated-ReLU MHSA program"}
+SUPPORT = {"mhsa": "rank", "gated_mhsa": "rank, summed over the gates"}
 
 
 def _line(name, value, note=""):
@@ -14,7 +16,7 @@ def _line(name, value, note=""):
 def format_certificate(s):
     """Human-readable certificate, one named number a line (``s``: a ``--json`` summary)."""
     verdict = "CERTIFIED" if s["certified"] else "NOT CERTIFIED (relative gap above tol)"
-    program = f"program ({s['program']})" if s["program"] != "mhsa" else "program (6) (linear MHSA)"
+    program = NAMES.get(s["program"], f"program ({s['program']})")
     lines = [
         f"{program}, {s['loss']} loss, {s['form']} form, solver {s['solver']}",
         _line("beta", f"{s['beta']:.6g}"),
@@ -34,7 +36,7 @@ def format_certificate(s):
     lines += [
         _line("KKT stationarity", f"{s['kkt_stationarity']:.3e}"),
         _line("KKT dual feasibility", f"{s['kkt_dual_feasibility']:.3e}"),
-        _line("support", s["support_size"], "rank" if s["program"] == "mhsa" else "nonzero groups"),
+        _line("support", s["support_size"], SUPPORT.get(s["program"], "nonzero groups")),
         _line("heads recovered", s["heads_recovered"]),
         _line("nonconvex objective", f"{s['recovered_objective']:.12g}", "recovered heads, balanced"),
     ]
@@ -63,8 +65,9 @@ def _refine_arguments(p):
 
 
 # ----------------------------------------------------------------------------- solve
-DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally U1 (h, n) and U2 (h, d); or a folder with X.npy, "
-             "y.npy (optionally U1.npy, U2.npy), memory-mapped: X is read in chunks, never whole")
+DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally U1 (h, n) and U2 (h, d) (program 12) or H (P, d, d) "
+             "(gated_mhsa); or a folder with X.npy, y.npy (optionally U1.npy, U2.npy, H.npy), memory-mapped: X is "
+             "read in chunks, never whole")
 
 
 def configure_solve(p):
@@ -75,7 +78,7 @@ def configure_solve(p):
                    help="primal: the program; dual: its dual, Z read from the multipliers (clarabel, scs)")
     p.add_argument("--solver", choices=("clarabel", "scs", "fista"), default="clarabel",
                    help="clarabel (interior point), scs (splitting), fista (torch proximal gradient)")
-    p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and U1, U2) here")
+    p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and the gates U1, U2 or H) here")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines (by default a line on stderr when a solve runs past 5 s, then every 30 s)")
@@ -112,7 +115,7 @@ def run_solve(args):
     data = open_data(args.data)
     X, y = data.rows()
     y, classes = encode_labels(y, args.loss)
-    problem = make_problem_from(args, X, y, data.U1, data.U2)
+    problem = make_problem_from(args, X, y, data.U1, data.U2, H=data.H)
     refine = False if args.no_refine else "auto"
     result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose, refine=refine,
                    refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
@@ -157,7 +160,7 @@ def _run_distributed(args, options):
         def build(X, y, U1, U2, max_label):
             if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
                 local.classes = max_label + 1  # the classes of every shard
-            return make_problem_from(local, X, y, U1, U2)
+            return make_problem_from(local, X, y, U1, U2, H=data.H)
 
         problem = distributed.shard_data(data, build)
         if args.beta_frac is not None:
@@ -179,7 +182,7 @@ def _run_distributed(args, options):
 def configure_verify(p):
     p.add_argument("data", metavar="DATA", help=DATA_HELP + ", as for solve")
     p.add_argument("result", metavar="RESULT.npz",
-                   help="Z in the program's shape; optionally V (a dual point), beta, U1 and U2")
+                   help="Z in the program's shape; optionally V (a dual point), beta, and the gates U1 and U2 or H")
     add_problem_arguments(p)
     _refine_arguments(p)
 
@@ -200,7 +203,7 @@ def run_verify(args):
         raise InvalidInputError("RESULT: it holds only one of U1, U2; save both or neither")
     X, y = data.rows()
     y, classes = encode_labels(y, args.loss, res.get("classes"))
-    problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2))
+    problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2), H=res.get("H", data.H))
     if res["Z"].shape != problem.program.shape:
         raise InvalidInputError(f"RESULT: Z has shape {res['Z'].shape}, {problem.program.label} on this data needs "
                                 f"{problem.program.shape}; check --program, --gates and DATA")

@@ -75,7 +75,8 @@ def _groups(problem, solution):
 
 
 def _around_rank(problem, solution):
-    """For (5): below, at and above rank(Z*), the number of heads the optimum needs."""
+    """For (5) and the gated MHSA networks: below, at and above rank(Z*) (summed over the gates), the
+    number of heads the optimum needs."""
     r = solution.certificate.support_size
     return sorted({max(1, r - 1), max(1, r), max(1, 2 * r)})
 
@@ -108,6 +109,44 @@ def _linear_mhsa(problem, heads, sequence, seed):
     return LinearMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
 
 
+class GatedHeads(int):
+    """A head count that carries each head's gate (``gate``, ints (m,)), for the gated MHSA network."""
+
+    def __new__(cls, gate):
+        count = super().__new__(cls, len(gate))
+        count.gate = gate
+        return count
+
+
+def _per_gate_ranks(problem, solution):
+    """For the gated MHSA network: below, at and above ``sum_g rank(Z*_g)`` heads, placed on the gates
+    that need them: ``rank(Z*_g)`` heads on gate g (at), one fewer on the gate that needs the most
+    (below), twice as many (above). Head counts given by the user are placed round robin instead."""
+    import numpy as np
+
+    ranks = problem.regularizer.ranks(solution.Z)
+    if ranks.sum() == 0:
+        return [1]
+    fewer = ranks - (np.arange(len(ranks)) == np.argmax(ranks))
+    counts = ([fewer] if fewer.sum() else []) + [ranks, 2 * ranks]
+    return [GatedHeads(np.repeat(np.arange(len(ranks)), c)) for c in counts]
+
+
+def _gated_mhsa(problem, heads, sequence, seed):
+    from ..nn.networks import GatedMHSA
+
+    p = problem.program
+    return GatedMHSA(p.n, p.d, problem.T.shape[1], heads, p.H, gate=getattr(heads, "gate", None),
+                     pooled=not sequence, seed=seed)
+
+
+def _relu_mhsa(problem, heads, sequence, seed):
+    from ..nn.networks import ReluMHSA
+
+    N, n, d = problem.program.X.shape
+    return ReluMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
+
+
 def _convex(problem, heads, sequence, seed):
     from ..nn.convex import ConvexAttention
 
@@ -129,6 +168,8 @@ class Model:
         :mod:`cvxtransformer.nn`), on the bounding problem (or on the comparison's problem)
     default_heads : callable(problem, solution) -> head counts when none are given (``problem``, its
         certified ``solution``); None: the model has no head count (one run)
+    note : for a model no program bounds, what its comparison with the optimum means (None: the
+        default note of softmax attention, whose regulariser is not the convex one)
     """
 
     equation: Optional[str]
@@ -136,6 +177,7 @@ class Model:
     bounding: Optional[Callable]
     build: Callable
     default_heads: Optional[Callable] = None
+    note: Optional[str] = None
 
 
 MODELS = {
@@ -143,10 +185,15 @@ MODELS = {
     "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, _gated, _groups),
     "softmax": Model("(3)", ATTENTION_PROGRAMS + ("mhsa",), None, _softmax),
     "linear_mhsa": Model("(5)", ("mhsa",), _itself, _linear_mhsa, _around_rank),
+    "gated_mhsa": Model("(gated MHSA)", ("gated_mhsa",), _itself, _gated_mhsa, _per_gate_ranks),
+    "relu_mhsa": Model("(ReLU MHSA)", ("gated_mhsa",), None, _relu_mhsa, _around_rank,
+                       note="the ReLU network has the gated network's heads and weight decay, but masks that move "
+                            "with W1: the gated program's optimum is no bound for it, and objective - convex optimum "
+                            "< 0 means it does better than any network on these fixed gates"),
     "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex),
 }
 DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax"),
-                  "mhsa": ("linear_mhsa",)}
+                  "mhsa": ("linear_mhsa",), "gated_mhsa": ("gated_mhsa", "relu_mhsa")}
 
 
 def equation(model, program):

@@ -5,12 +5,13 @@
   ``objective - D(V)`` of the runs that the bound covers;
 * :func:`plot_test_loss`: test loss against time, the convex solution's as a line;
 * :func:`plot_attention`: attention maps side by side, one row per output token;
-* :func:`plot_singular_values`: singular values of the convex solution of program (6) against
-  those of the networks' effective coefficients;
+* :func:`plot_singular_values`: singular values of the convex solution of program (6) (or of each
+  gate's Z_g) against those of the networks' effective coefficients;
 * :func:`plot_tuning`: validation loss over the tuning grid of ``compare --tune``;
 * :func:`attention_distance`: how far an attention map is from the teacher's.
 
-Colours follow the model (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``, ``convex``).
+Colours follow the model (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``, ``gated_mhsa``,
+``relu_mhsa``, ``convex``).
 Attention maps are arrays of shape (rows, n): row r is the weight of every input token k in output
 r. :func:`convex_attention_map` makes one from a convex solution: the group norms
 ``||Z[j, l, k]||`` summed over the gates j, one row per output l, or per output token t (the
@@ -23,8 +24,8 @@ import numpy as np
 from ..core.io import save_figure
 
 COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
-          "convex": "tab:cyan"}
-CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green"}
+          "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown"}
+CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green"}
 
 
 def convex_attention_map(Z4, n_out_tokens=None):
@@ -247,22 +248,37 @@ def plot_attention(maps, path):
     save_figure(fig, path)
 
 
-def plot_singular_values(convex, networks, beta, path):
-    """Singular values of Z* of program (6) (``convex``, descending) and of each network's effective
-    coefficients (``networks``: name -> singular values), on a log scale."""
-    fig, ax = _subplots(1, 1, figsize=(6.4, 4.2))
-    floor = 1e-12 * max(float(np.max(convex)) if len(convex) else 1.0, 1e-300)
-    k = np.arange(1, len(convex) + 1)
-    ax.semilogy(k, np.maximum(convex, floor), "o-", color="tab:green", label="convex Z* (program (6))")
-    for i, (name, s) in enumerate(networks.items()):
-        ax.semilogy(np.arange(1, len(s) + 1), np.maximum(s, floor), ls=_style(i), marker=".",
-                    color=COLORS["linear_mhsa"], alpha=0.5 + 0.5 / (i + 1), label=name)
-    rank = int(np.sum(convex > floor * 1e3))
-    ax.axvline(rank + 0.5, color="gray", lw=0.8, ls=":")
-    ax.text(rank + 0.6, ax.get_ylim()[1], f"rank(Z*) = {rank}", va="top", fontsize=8, color="gray")
-    ax.set_xlabel("index i")
-    ax.set_ylabel("singular value sigma_i")
-    ax.set_title(f"Singular values (beta = {beta:.4g})")
-    ax.legend(fontsize=8)
+def plot_singular_values(convex, networks, beta, path, program="program (6)"):
+    """Singular values of Z* (``convex``, descending) and of each network's effective coefficients
+    (``networks``: name -> singular values), on a log scale. Arrays (P, k) are a stack of matrices
+    (the gated MHSA program): one panel per gate, with its rank."""
+    convex = np.atleast_2d(convex)
+    P = convex.shape[0]
+    cols = min(P, 4)
+    rows = -(-P // cols)
+    fig, axes = _subplots(rows, cols, figsize=(6.4 if P == 1 else 3.6 * cols, 4.2 if P == 1 else 3.2 * rows),
+                          squeeze=False)
+    floor = 1e-12 * max(float(np.max(convex)) if convex.size else 1.0, 1e-300)
+    for g, ax in enumerate(axes.ravel()):
+        if g >= P:
+            ax.axis("off")
+            continue
+        k = np.arange(1, convex.shape[1] + 1)
+        ax.semilogy(k, np.maximum(convex[g], floor), "o-", color="tab:green",
+                    label=f"convex Z* ({program})" if P == 1 else "convex Z*_g")
+        for i, (name, s) in enumerate(networks.items()):
+            s = np.atleast_2d(s)[g]
+            ax.semilogy(np.arange(1, len(s) + 1), np.maximum(s, floor), ls=_style(i), marker=".",
+                        color=COLORS["linear_mhsa"], alpha=0.5 + 0.5 / (i + 1), label=name)
+        rank = int(np.sum(convex[g] > floor * 1e3))
+        ax.axvline(rank + 0.5, color="gray", lw=0.8, ls=":")
+        ax.text(rank + 0.6, ax.get_ylim()[1], f"rank = {rank}", va="top", fontsize=8, color="gray")
+        ax.set_xlabel("index i")
+        ax.set_ylabel("singular value sigma_i")
+        ax.set_title(f"Singular values (beta = {beta:.4g})" if P == 1 else f"gate {g}", fontsize=10 if P > 1 else None)
+        if g == 0:
+            ax.legend(fontsize=7)
+    if P > 1:
+        fig.suptitle(f"Singular values of each Z_g, {program} (beta = {beta:.4g})")
     fig.tight_layout()
     save_figure(fig, path)

@@ -177,7 +177,8 @@ class Comparison:
     def plot(self, folder):
         """Write the PNG plots into ``folder`` (created if missing); returns their file names:
         ``objective.png``; ``attention.png`` (group-lasso programs) or ``singular_values.png`` (program
-        (6)); ``test_loss.png`` with a test split; ``tuning.png`` with tuning."""
+        (6); the gated MHSA program: one panel per gate); ``test_loss.png`` with a test split; ``tuning.png``
+        with tuning."""
         from ..core.io import prepare_out_dir
         from .plots import plot_attention, plot_objective, plot_singular_values, plot_test_loss
 
@@ -199,8 +200,9 @@ class Comparison:
             files.append("singular_values.png")
             Z = self.solutions[main.program.name].Z
             nets = {r.label: np.linalg.svd(r.network.effective_coefficients(), compute_uv=False)
-                    for r in self.models.values() if r.model != "softmax"}
-            plot_singular_values(np.linalg.svd(Z, compute_uv=False), nets, main.beta, os.path.join(folder, files[-1]))
+                    for r in self.models.values() if r.report["bound_applies"]}
+            plot_singular_values(np.linalg.svd(Z, compute_uv=False), nets, main.beta, os.path.join(folder, files[-1]),
+                                 main.program.label)
         else:
             files.append("attention.png")
             plot_attention(maps, os.path.join(folder, files[-1]))
@@ -236,8 +238,7 @@ class Comparison:
             result.save(os.path.join(folder, files[-1]))
         for name, r in self.models.items():
             arrays = r.network.arrays()
-            if r.model == "gated":
-                arrays.update(U1=r.network.U1, U2=r.network.U2)
+            arrays.update({k: getattr(r.network, k) for k in ("U1", "U2", "H") if hasattr(r.network, k)})  # the gates
             files.append(f"{name}.npz")
             save_npz(os.path.join(folder, files[-1]), objective_history=r.train.history.objective,
                      seconds_history=r.train.history.seconds, **arrays)

@@ -165,8 +165,8 @@ def model_report(model, bound, run, problem, reference, program):
                      objective_minus_convex_optimum=run.objective - optimum,
                      note=f"network {equation(model, program)} is not covered by the bound (docs/conventions.md): "
                           "the convex optimum is a comparison point, and certified_lower_bound is D(V) of that "
-                          "program, not a bound on this network; its regulariser (weight decay) is not the "
-                          "convex one, so compare losses, not objectives")
+                          "program, not a bound on this network; " + (MODELS[model].note or
+                          "its regulariser (weight decay) is not the convex one, so compare losses, not objectives"))
     entry.update(train_loss=h.train_loss[-1], test_loss=h.test_loss[-1], train_accuracy=h.train_accuracy[-1],
                  test_accuracy=h.test_accuracy[-1])
     return entry
@@ -277,16 +277,19 @@ def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=N
 
     Parameters
     ----------
-    problem : ConvexProblem of program (8), (10), (12) or "mhsa" (:func:`cvxtransformer.make_problem`),
-        at the beta every model shares (with ``tune``: only its data are used)
+    problem : ConvexProblem of program (8), (10), (12), "mhsa" or "gated_mhsa"
+        (:func:`cvxtransformer.make_problem`), at the beta every model shares (with ``tune``: only its
+        data are used)
     models : list or comma-separated string from ``alternative`` (9), ``gated`` (11), ``softmax`` (3),
-        ``linear_mhsa`` (5) and ``convex`` (Z of the program itself, trained by the same optimiser);
-        default ``alternative, softmax`` (``gated, softmax`` for (12), ``linear_mhsa`` for "mhsa")
+        ``linear_mhsa`` (5), ``gated_mhsa`` (bounded by "gated_mhsa" on its gates), ``relu_mhsa`` (the
+        same heads with a ReLU on the scores: not bounded) and ``convex`` (Z of the program itself,
+        trained by the same optimiser); default ``alternative, softmax`` (``gated, softmax`` for (12),
+        ``linear_mhsa`` for "mhsa", ``gated_mhsa, relu_mhsa`` for "gated_mhsa")
     optimizer, lr, steps, batch_size, eval_every : the training of every network
         (:func:`cvxtransformer.nn.trainer.train`; ``lr`` default 0.01)
     heads : head count(s) of the networks, an int or a list (one run per count); default: one head
-        per group of the bounding program for (9)/(11), enough for any convex solution; for (5),
-        rank(Z*) - 1, rank(Z*) and 2 rank(Z*)
+        per group of the bounding program for (9)/(11), enough for any convex solution; for (5) and
+        the MHSA networks, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates)
     seed : seed of the initialisations and mini-batches
     solver, tol : the exact solves ("clarabel", "scs" or "fista") and the relative gap they certify
     gates, gate_seed : the gates of program (12) and network (11) when ``problem`` has none: a count

@@ -33,6 +33,7 @@ from .arrays import F64, device_budget, numpy_face, resolve_device, resolve_dtyp
 from .data import StreamedRows, file_backed, storage
 from .errors import invalid
 from .regularizers import GroupLasso
+from .validation import check_array, check_int
 
 CHUNK_BYTES = 8 * 2**20  # temporaries per chunk of samples
 
@@ -425,6 +426,24 @@ class AttentionProgram(Program):
     """
 
     regularizer_class = GroupLasso
+
+    @classmethod
+    def build(cls, number, X, y, T, U1=None, U2=None, gates=None, gate_seed=0):
+        """Program ``number`` on validated data (``make_problem``): c = ``T.shape[1]`` outputs; for (12)
+        the gates ``U1``, ``U2``, checked, or sampled from ``gates`` (default 8) and ``gate_seed``."""
+        if number != 12:
+            return cls(number, X, T.shape[1])
+        n, d = X.shape[1:]
+        if U1 is None and U2 is None:
+            U1, U2 = sample_gates(check_int("gates", 8 if gates is None else gates, 1), n, d, gate_seed)
+        elif U1 is None or U2 is None:
+            raise invalid("U1, U2", "both gate matrices or neither", "only one of them")
+        else:
+            U1 = check_array("U1", U1, 2, "shape (h, n)")
+            U2 = check_array("U2", U2, 2, "shape (h, d)")
+            if U1.shape[1] != n or U2.shape[1] != d or U1.shape[0] != U2.shape[0]:
+                raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
+        return cls(12, X, T.shape[1], U1, U2)
 
     def __init__(self, number, X, n_outputs, U1=None, U2=None):
         super().__init__(X)

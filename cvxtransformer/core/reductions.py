@@ -11,6 +11,12 @@
 * :class:`LinearMHSAReduction` (Sahiner et al.): the linear multi-head self-attention network (5)
   <-> program (6). From the SVD ``Z = sum_j s_j u_j v_j^T``, head j is
   ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``.
+* :class:`GatedMHSAReduction` (Sahiner et al.): the gated-ReLU multi-head self-attention network
+  ``sum_j (D_g(j)(X) * (X W1j X^T)) X W2j`` <-> the gated program: the heads of each ``Z_g``, as
+  above, on gate g.
+
+This module also registers the program families (:mod:`.registry`): each program with its
+reduction, the losses it allows and the options of ``make_problem`` it takes.
 
 ``objective`` evaluates the network's weight-decay objective in plain numpy from ``X``, the
 weights and the gates, without the convex program's linear map: at the recovered weights it
@@ -39,7 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import invalid
+from .gated_mhsa import GatedMHSAProgram, attention_masks
 from .mhsa import LinearMHSAProgram
+from .programs import AttentionProgram
+from .registry import register
 
 
 @dataclass
@@ -81,6 +90,26 @@ class MHSAHeads:
         return self.W1.shape[0]
 
 
+@dataclass
+class GatedMHSAHeads:
+    """Heads of the gated-ReLU multi-head self-attention network.
+
+    W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c); gate : ndarray (m,) of ints,
+    each head's gate (an index into the program's ``H``).
+    ``f(X_i) = sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` (n x c), mean-pooled over tokens for
+    one target per sequence.
+    """
+
+    W1: np.ndarray
+    W2: np.ndarray
+    gate: np.ndarray
+    form: str = "balanced"
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+
 class Reduction:
     """A convexification and its inverse: ``apply`` (network and data -> convex problem), ``invert``
     (Z -> the network's weights), ``coefficients`` (weights -> Z), ``objective`` (the network's
@@ -90,6 +119,13 @@ class Reduction:
     forms = ("balanced",)
     networks = {}
     equations = {}
+
+    @classmethod
+    def check_form(cls, form):
+        """``form`` if this reduction recovers weights in it; errors name the argument."""
+        if form not in cls.forms:
+            raise invalid("form", f"one of {cls.forms}", repr(form))
+        return form
 
     @classmethod
     def apply(cls, network, X, y, loss="squared", beta=1.0, **options):
@@ -169,8 +205,7 @@ class Proposition1(Reduction):
     @staticmethod
     def invert(problem, Z, form="balanced"):
         """The heads of Proposition 1 from coefficients Z (the program's shape)."""
-        if form not in Proposition1.forms:
-            raise invalid("form", f"one of {Proposition1.forms}", repr(form))
+        Proposition1.check_form(form)
         program = problem.program
         Z4 = np.asarray(Z, dtype=float).reshape(program.canonical_shape)
         h, c, n, d = Z4.shape
@@ -239,16 +274,9 @@ class LinearMHSAReduction(Reduction):
     @staticmethod
     def invert(problem, Z, form="balanced"):
         """``m = rank(Z)`` heads (W1j, W2j) from the SVD of Z, balanced: ``beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j``."""
-        if form not in LinearMHSAReduction.forms:
-            raise invalid("form", f"one of {LinearMHSAReduction.forms}", repr(form))
+        LinearMHSAReduction.check_form(form)
         p = problem.program
-        d, c = p.d, p.c
-        U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
-        m = problem.regularizer.rank(Z)
-        root = np.sqrt(s[:m])
-        W1 = (U[:, :m] * root).T.reshape(m, d, d).transpose(0, 2, 1)  # W1j[a, k] = u_j[k*d + a]
-        W2 = (Wh[:m] * root[:, None]).reshape(m, d, c)                # W2j[l, b] = v_j[l*c + b]
-        return MHSAHeads(W1=W1, W2=W2)
+        return MHSAHeads(*_svd_heads(Z, problem.regularizer.rank(Z), p.d, p.c))
 
     @staticmethod
     def predict(X, heads, pooled, chunk=4096):
@@ -273,14 +301,96 @@ class LinearMHSAReduction(Reduction):
         return problem.loss.value(Yhat, problem.T) + penalty
 
 
-def reduction_for(program):
-    """The reduction of a program object."""
-    return LinearMHSAReduction if isinstance(program, LinearMHSAProgram) else Proposition1
+def _svd_heads(Z, m, d, c):
+    """The heads ``(W1 (m, d, d), W2 (m, d, c))`` of the m largest singular triplets of Z (d^2, dc):
+    ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``."""
+    U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
+    root = np.sqrt(s[:m])
+    W1 = (U[:, :m] * root).T.reshape(m, d, d).transpose(0, 2, 1)  # W1j[a, k] = u_j[k*d + a]
+    W2 = (Wh[:m] * root[:, None]).reshape(m, d, c)                # W2j[l, b] = v_j[l*c + b]
+    return W1, W2
+
+
+class GatedMHSAReduction(Reduction):
+    """Sahiner et al.'s gated-ReLU theorem: the gated MHSA network <-> the gated program, gate by gate.
+
+    For any heads, ``Z_g = sum_{j: gate(j) = g} u_j v_j^T`` (:meth:`coefficients`) gives the same outputs
+    and ``||Z_g||_* <= sum_j ||W1j|| ||W2j|| <= sum_j (||W1j||^2 + ||W2j||^2) / 2``; the SVD of each
+    ``Z_g`` gives heads that attain it (:meth:`invert`). So P(Z*) is the optimum of the network with
+    these gates once each gate g holds ``rank(Z*_g)`` heads (``sum_g rank(Z*_g)`` in all), and a lower
+    bound for any number of heads.
+    """
+
+    networks = {"gated_mhsa": "gated_mhsa"}
+    equations = {"gated_mhsa": "(gated MHSA)"}
+
+    @staticmethod
+    def invert(problem, Z, form="balanced"):
+        """``rank(Z_g)`` heads on each gate g from the SVD of ``Z_g``, balanced as for program (6)."""
+        GatedMHSAReduction.check_form(form)
+        p = problem.program
+        Z = np.asarray(Z, dtype=float)
+        ranks = problem.regularizer.ranks(Z)
+        heads = [_svd_heads(Z[g], int(r), p.d, p.c) for g, r in enumerate(ranks)]
+        return GatedMHSAHeads(W1=np.concatenate([h[0] for h in heads]), W2=np.concatenate([h[1] for h in heads]),
+                              gate=np.repeat(np.arange(len(ranks)), ranks))
+
+    @staticmethod
+    def coefficients(problem, heads):
+        """The coefficients Z (P, d^2, d c) that the network with ``heads`` implements on the program's
+        gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
+        the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
+        p = problem.program
+        W1, W2, gate = (np.asarray(a) for a in (heads.W1, heads.W2, heads.gate))
+        m = W1.shape[0] if W1.ndim == 3 else -1
+        if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
+            raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
+                          f"{W1.shape} and {W2.shape}")
+        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
+            raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of H per head)",
+                          f"shape {gate.shape}, dtype {gate.dtype}")
+        W1, W2 = W1.astype(float), W2.astype(float)
+        if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
+            raise invalid("weights", "finite values", "NaN/Inf entries")
+        return GatedMHSAReduction.sum_heads(W1, W2, gate, p.gates)
+
+    @staticmethod
+    def sum_heads(W1, W2, gate, gates):
+        """``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]`` of shape (gates, d^2, d c),
+        unchecked: the one implementation behind :meth:`coefficients` and ``GatedMHSA.effective_coefficients``."""
+        m, d, c = W2.shape
+        Z = np.zeros((gates, d * d, d * c))
+        np.add.at(Z, gate, np.einsum("jak,jlb->jkalb", W1, W2).reshape(m, d * d, d * c))
+        return Z
+
+    @staticmethod
+    def predict(X, heads, H, pooled, chunk=1024):
+        """Outputs of the gated network, ``sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j``: (N, n*c) per
+        token, or (N, c) mean-pooled; float64, by chunks of samples (``X`` may be a memory map)."""
+        N, n, _ = X.shape
+        c = heads.W2.shape[2]
+        out = np.empty((N, c) if pooled else (N, n * c))
+        for s in range(0, N, chunk):
+            Xc = np.asarray(X[s:s + chunk], dtype=float)
+            D = attention_masks(Xc, H)[:, :, heads.gate, :]                        # (r, t, j, s)
+            scores = np.einsum("ita,jak,isk->itjs", Xc, heads.W1, Xc, optimize=True) * D
+            Y = np.einsum("itjs,isl,jlb->itb", scores, Xc, heads.W2, optimize=True)
+            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
+        return out
+
+    @staticmethod
+    def objective(problem, heads):
+        """``sum_i L(f(X_i), Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` with the program's gates."""
+        p = problem.program
+        Yhat = GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled)
+        penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
+        return problem.loss.value(Yhat, problem.T) + penalty
 
 
 def recover_weights(problem, Z, form="balanced"):
     """The nonconvex network's weights behind coefficients Z of ``problem`` (the program's shape):
-    Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6)."""
+    Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6) and the gated
+    program."""
     if not hasattr(problem, "reduction"):
         raise invalid("problem", "a ConvexProblem from make_problem", type(problem).__name__,
                       "call recover_weights(problem, Z)")
@@ -290,3 +400,11 @@ def recover_weights(problem, Z, form="balanced"):
 def nonconvex_objective(problem, weights):
     """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in numpy."""
     return problem.reduction.objective(problem, weights)
+
+
+ALL_LOSSES = ("squared", "logistic", "cross_entropy")
+register(8, AttentionProgram, Proposition1, ("squared", "logistic"))
+register(10, AttentionProgram, Proposition1, ALL_LOSSES)
+register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"))
+register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES)
+register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"))
