@@ -255,21 +255,14 @@ class LinearMHSAReduction(Reduction):
         p = problem.program
         if not isinstance(heads, MHSAHeads):
             raise invalid("weights", f"MHSAHeads (W1, W2), the heads of network (5), for {p.label}", type(heads).__name__)
-        W1, W2 = np.asarray(heads.W1, dtype=float), np.asarray(heads.W2, dtype=float)
-        m = W1.shape[0] if W1.ndim == 3 else -1
-        if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
-            raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
-                          f"{W1.shape} and {W2.shape}")
-        if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
-            raise invalid("weights", "finite values", "NaN/Inf entries")
+        W1, W2 = _mhsa_weights(p, heads)
         return LinearMHSAReduction.sum_heads(W1, W2)
 
     @staticmethod
     def sum_heads(W1, W2):
-        """``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` of shape (d^2, d c), unchecked: the one
-        implementation behind :meth:`coefficients` and ``LinearMHSA.effective_coefficients``."""
-        m, d, c = W2.shape
-        return np.einsum("jak,jlb->kalb", W1, W2).reshape(d * d, d * c)
+        """``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` of shape (d^2, d c), unchecked: the one-gate
+        case of :meth:`GatedMHSAReduction.sum_heads` (behind ``LinearMHSA.effective_coefficients``)."""
+        return GatedMHSAReduction.sum_heads(W1, W2, np.zeros(len(W1), dtype=int), 1)[0]
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
@@ -296,9 +289,28 @@ class LinearMHSAReduction(Reduction):
     def objective(problem, heads):
         """``sum_i L(sum_j X_i W1j X_i^T X_i W2j, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``."""
         p = problem.program
-        Yhat = LinearMHSAReduction.predict(p.X, heads, p.pooled)
-        penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
-        return problem.loss.value(Yhat, problem.T) + penalty
+        return _weight_decay_objective(problem, LinearMHSAReduction.predict(p.X, heads, p.pooled), heads)
+
+
+def _mhsa_weights(program, heads):
+    """``(W1 (m, d, d), W2 (m, d, c))`` of MHSA heads as finite float arrays of the program's d and c;
+    errors name the weights."""
+    p = program
+    W1, W2 = np.asarray(heads.W1), np.asarray(heads.W2)
+    m = W1.shape[0] if W1.ndim == 3 else -1
+    if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
+        raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
+                      f"{W1.shape} and {W2.shape}")
+    W1, W2 = W1.astype(float), W2.astype(float)
+    if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
+        raise invalid("weights", "finite values", "NaN/Inf entries")
+    return W1, W2
+
+
+def _weight_decay_objective(problem, Yhat, heads):
+    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of MHSA heads."""
+    penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
+    return problem.loss.value(Yhat, problem.T) + penalty
 
 
 def _svd_heads(Z, m, d, c):
@@ -341,17 +353,11 @@ class GatedMHSAReduction(Reduction):
         gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
         the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
         p = problem.program
-        W1, W2, gate = (np.asarray(a) for a in (heads.W1, heads.W2, heads.gate))
-        m = W1.shape[0] if W1.ndim == 3 else -1
-        if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
-            raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
-                          f"{W1.shape} and {W2.shape}")
+        W1, W2 = _mhsa_weights(p, heads)
+        m, gate = len(W1), np.asarray(heads.gate)
         if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
             raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of H per head)",
                           f"shape {gate.shape}, dtype {gate.dtype}")
-        W1, W2 = W1.astype(float), W2.astype(float)
-        if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
-            raise invalid("weights", "finite values", "NaN/Inf entries")
         return GatedMHSAReduction.sum_heads(W1, W2, gate, p.gates)
 
     @staticmethod
@@ -382,9 +388,7 @@ class GatedMHSAReduction(Reduction):
     def objective(problem, heads):
         """``sum_i L(f(X_i), Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` with the program's gates."""
         p = problem.program
-        Yhat = GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled)
-        penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
-        return problem.loss.value(Yhat, problem.T) + penalty
+        return _weight_decay_objective(problem, GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled), heads)
 
 
 def recover_weights(problem, Z, form="balanced"):
