@@ -67,3 +67,18 @@ def test_the_example_pages_run_as_written(tmp_path, capsys):
     shown = re.findall(r"!\[[^]]*\]\(\.\./figures/examples/([^)]+)\)", (ROOT / examples.PAGES[0]).read_text())
     assert shown and all((tmp_path / name).exists() and (ROOT / "docs/figures/examples" / name).exists()
                          for name in shown)
+
+
+def test_every_page_is_in_a_toctree():
+    """Sphinx -W refuses a page no toctree includes (docs/conf.py excludes _build and figures); the
+    same check without building the docs."""
+    docs = ROOT / "docs"
+    listed = set()
+    for page in docs.rglob("*.md"):
+        for block in re.findall(r"```\{toctree\}(.*?)```", page.read_text(), flags=re.S):
+            folder = page.parent.relative_to(docs)
+            listed |= {str(folder / line.strip()) if str(folder) != "." else line.strip()
+                       for line in block.splitlines() if line.strip() and not line.strip().startswith(":")}
+    pages = {str(p.relative_to(docs).with_suffix("")) for p in docs.rglob("*.md")
+             if not {"_build", "figures"} & set(p.parts) and p.name not in ("index.md", "README.md")}
+    assert sorted(pages - listed) == []
