@@ -1,11 +1,16 @@
 """``solve``: one entry point for every backend, returning a certified :class:`SolveResult`."""
+import contextlib
+import sys
+import threading
+import time
+
 import numpy as np
 
 from solvers import SOLVERS, get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
 from .core.result import SolveResult
-from .core.validation import check_problem, check_tol
+from .core.validation import check_positive, check_problem, check_tol
 from .verify import certify
 
 
@@ -38,8 +43,33 @@ def choose_solver(problem, form="primal", options=(), tol=1e-6):
     return "fista", f"auto: {why}"
 
 
+@contextlib.contextmanager
+def heartbeat(what, after=5.0, every=30.0, stream=None):
+    """While the block runs: a line on ``stream`` (stderr) once it has run ``after`` seconds, then every
+    ``every`` seconds, saying ``what`` runs and for how long (``after=None``: silent)."""
+    if after is None:
+        yield
+        return
+    done, start = threading.Event(), time.perf_counter()
+
+    def beat():
+        wait = after
+        while not done.wait(wait):
+            print(f"cvxtransformer: {what}: running for {time.perf_counter() - start:.0f} s",
+                  file=stream or sys.stderr, flush=True)
+            wait = every
+
+    thread = threading.Thread(target=beat, daemon=True, name="cvxtransformer-heartbeat")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen=True, refine="auto",
-          refine_time=10.0, **options):
+          refine_time=10.0, heartbeat_after=None, **options):
     """Solve a :class:`ConvexProblem` and certify the solution.
 
     Parameters
@@ -57,6 +87,8 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     refine : the verifier's refined dual point (:func:`cvxtransformer.certify`): True, False, or
         "auto" (only when the solver's own dual point does not certify ``tol``)
     refine_time : seconds allowed to the refinement
+    heartbeat_after : None (silent), or seconds after which a line on stderr says what the backend is
+        solving, its size and for how long (then every 30 s); the command line sets 5
     options : passed to the backend (``max_iter``, ``time_limit``, solver settings; see each solver)
 
     For ``beta >= beta_max`` the solution ``Z = 0`` is known in closed form; it is returned
@@ -75,6 +107,7 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     """
     check_problem(problem)
     tol = check_tol(tol)
+    heartbeat_after = check_positive("heartbeat_after", heartbeat_after, none_ok=True)
     choice = None
     if solver == "auto":
         solver, choice = choose_solver(problem, form, options, tol)
@@ -86,7 +119,10 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
         Z, V, status, times, iterations, history = (problem.zeros(), None, "zero (beta >= beta_max)",
                                                     (0.0, 0.0), 0, [])
     else:
-        out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **options)
+        what = (f"{solver} on the {form} of {program.label}, N = {program.N} samples, Z of shape {program.shape} "
+                f"({int(np.prod(program.shape))} coefficients)")
+        with heartbeat(what, heartbeat_after):
+            out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **options)
         Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
         times, screened = (out.build_seconds, out.solve_seconds), out.screened
         if screen and screened is None:
@@ -98,5 +134,6 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver, solver_choice=choice,
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
                        build_seconds=times[0], solve_seconds=times[1], iterations=iterations,
-                       U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), history=history,
+                       U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), H=getattr(program, "H", None),
+                       history=history,
                        screened=np.asarray(screened))

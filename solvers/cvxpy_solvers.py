@@ -1,11 +1,9 @@
 """CVXPY backends: any program or its dual, built by :mod:`cvxtransformer.core.cvxpy_builders`,
-solved with Clarabel (interior point) or SCS (operator splitting)."""
+solved with Clarabel (interior point) or SCS (operator splitting). CVXPY is imported when one of
+them validates or solves a problem, not with this module (a torch solve never imports it)."""
 import time
 import warnings
 
-import cvxpy as cp
-
-from cvxtransformer.core.cvxpy_builders import BUILDERS, design_size, estimate_cvxpy_bytes
 from cvxtransformer.core.errors import MissingDependencyError, SolverError
 from cvxtransformer.core.result import BackendOutput
 from cvxtransformer.core.validation import check_allocation
@@ -34,10 +32,16 @@ class CVXPYSolver(Solver):
         known = set(self.translate) | set(self.settings(1e-6, {}))
         self.options = tuple(sorted(known))
         super().validate(problem, form, options)
+        import cvxpy as cp
+
         if self.cvxpy_name not in cp.installed_solvers():
             raise MissingDependencyError(f"solver: {self.name} is not installed; pip install {self.name}")
 
     def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
+        import cvxpy as cp
+
+        from cvxtransformer.core.cvxpy_builders import BUILDERS, design_size, estimate_cvxpy_bytes
+
         label = problem.program.label
         rows, features, columns = design_size(problem)
         check_allocation("solver", estimate_cvxpy_bytes(problem, form, self.name),
@@ -51,6 +55,8 @@ class CVXPYSolver(Solver):
         options = {self.translate.get(k, k): v for k, v in options.items()}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            # a stack of matrices (the gated MHSA program) is canonicalised by CVXPY's SciPy backend: not news
+            warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
             try:
                 built.problem.solve(solver=self.cvxpy_name, verbose=verbose, **self.settings(tol, options))
             except cp.error.SolverError as exc:

@@ -528,7 +528,7 @@ def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, c
     time axes use a LogLocator, attention panels are labelled; its files follow the umask (item 4)."""
     from matplotlib.ticker import LogLocator
 
-    from cvxtransformer.cli import plots
+    from cvxtransformer.comparison import plots
 
     figures, real = {}, plots.save_figure
 
@@ -551,8 +551,8 @@ def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, c
         assert title and ylabel and xlabel == "training time (s)" and xscale == "log" and locator is LogLocator
         assert all(m in ("None", "", None) for m in markers), markers
         runs = [entry for entry in legend if not entry.startswith("convex")]
-        assert set(runs) <= {"alternative", "softmax"}
-    assert {"alternative", "softmax"} <= set(objective[0][5])
+        assert set(runs) <= {"alternative (9), m = 8", "softmax (3)"}
+    assert {"alternative (9), m = 8", "softmax (3)"} <= set(objective[0][5])
     panels = [ax for ax in figures["attention.png"] if ax[7]]
     assert len(panels) == 3 and all(title and xlabel and ylabel for title, xlabel, ylabel, *_ in panels)
     assert [p[0].split(" ")[0] for p in panels] == ["convex", "alternative", "softmax"]
@@ -563,7 +563,7 @@ def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, c
 def test_short_runs_get_log_ticks_that_do_not_overlap(monkeypatch):
     import matplotlib.pyplot as plt
 
-    from cvxtransformer.cli import plots
+    from cvxtransformer.comparison import plots
 
     kept = {}
     monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=120: kept.setdefault("fig", fig))

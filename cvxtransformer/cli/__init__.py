@@ -8,6 +8,8 @@ import time, so ``--help`` is instant; numpy, cvxpy and torch are imported when 
 """
 import argparse
 import contextlib
+import os
+import re
 import signal
 import sys
 import threading
@@ -46,7 +48,14 @@ COMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``<prog>: error: <message> (see <prog> --help)``, exit code 2."""
+    """argparse with one-line errors: ``<prog>: error: <message> (see <prog> --help)``, exit code 2.
+
+    Negative numbers in scientific notation (``--tol -1e-6``) are taken as values, as ``-1`` and
+    ``-0.5`` are, so that the option's own check names what is wrong with them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -63,7 +72,9 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
         return help
 
 
-def build_parser():
+def build_parser(only=None):
+    """The parser of every command; with ``only`` (a command name), only that command's options are
+    configured (the others keep their name and help): what ``main`` needs, at a fraction of the cost."""
     parser = Parser(prog="cvxtransformer", formatter_class=Formatter, description=(
         "Convexified transformer attention: solve programs (8), (10), (12) (Ergen et al., arXiv 2211.11052) "
         "and the linear multi-head self-attention program (6) (Sahiner et al.) to global optimality, and "
@@ -72,13 +83,29 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, (configure, run, help) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help, formatter_class=Formatter)
-        configure(p)
+        if only is None or only == name:
+            configure(p)
         p.set_defaults(run=run)
     return parser
 
 
+def _stdout_closed():
+    """The reader of our output went away (``| head``): stop quietly, as Unix tools do. Later writes,
+    and the interpreter's last flush, go to /dev/null; the exit code is that of SIGPIPE (128 + 13)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured): nothing to redirect
+        pass
+    finally:
+        os.close(devnull)
+    return 141
+
+
 def main(argv=None):
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # name the command whose options these are not
@@ -86,15 +113,21 @@ def main(argv=None):
             parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
     except SystemExit as exc:  # --help, --version, or a usage error (already printed on one line)
         return exc.code
+    except BrokenPipeError:  # --help | head
+        return _stdout_closed()
     from ..core.errors import CvxTransformerError
     from ..core.io import reading_inputs
 
     try:
         with reading_inputs(), _sigterm_raises():
-            return args.run(args)
+            code = args.run(args)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
     except CvxTransformerError as exc:
         print(f"cvxtransformer {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print(f"cvxtransformer {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -112,8 +145,6 @@ def main(argv=None):
 
 def _allocation(exc):
     """What a failed allocation asked for, from numpy's or torch's message."""
-    import re
-
     found = re.search(r"allocate (\d+) bytes", str(exc)) or re.search(r"allocate ([\d.]+ [KMGTPE]?i?B)", str(exc))
     if found is None:
         return "an allocation failed"

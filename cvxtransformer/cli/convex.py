@@ -1,42 +1,58 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
-from .options import add_problem_arguments, make_problem_from, positive_float, positive_int, tolerance
+from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
+                      positive_int, tolerance)
 
 TORCH_ONLY = ("device", "dtype", "progress", "chunk_size")
-LOCAL = ("data", "out", "json", "verbose", "progress", "run", "command")  # options a process may have its own of
+LOCAL = ("data", "out", "json", "verbose", "quiet", "progress", "run", "command")  # options a process may have its own of
+HEARTBEAT = 5.0  # seconds of a silent solve before a progress line
+NAMES = {"mhsa": "program (6) (linear MHSA)", "gated_mhsa": "gated-ReLU MHSA program"}
+SUPPORT = {"mhsa": "rank", "gated_mhsa": "rank, summed over the gates"}
+GATE_ARRAYS = {12: ("U1", "U2"), "gated_mhsa": ("H",)}  # the arrays that fix the gates of a program
+
+
+def _line(name, value, note=""):
+    """One named quantity a line: ``  name<padding>value  (note)``."""
+    return f"  {name:<25s}{value}" + (f"  ({note})" if note else "")
 
 
 def format_certificate(s):
-    """Human-readable certificate, one quantity a line (``s``: a ``--json`` summary)."""
-    verdict = "CERTIFIED" if s["certified"] else f"NOT CERTIFIED (relative gap above tol {s['tol']:.1e})"
-    program = f"program ({s['program']})" if s["program"] != "mhsa" else "program (6) (linear MHSA)"
-    refined = s.get("refined_relative_gap")
+    """Human-readable certificate, one named number a line (``s``: a ``--json`` summary)."""
+    verdict = "CERTIFIED" if s["certified"] else "NOT CERTIFIED (relative gap above tol)"
+    program = NAMES.get(s["program"], f"program ({s['program']})")
     lines = [
         f"{program}, {s['loss']} loss, {s['form']} form, solver {s['solver']}"
         + (f" ({s['solver_choice']})" if s.get("solver_choice") else ""),
-        f"  beta                     {s['beta']:.6g}  (beta_max = {s['beta_max']:.6g})",
-        f"  solver status            {s['status']}",
-        f"  primal objective P(Z)    {s['primal_objective']:.12g}",
-        f"  dual objective D(V)      {s['dual_objective']:.12g}  (dual point: {s['dual_source']})",
-        f"  duality gap              {s['duality_gap']:.3e}  (relative {s['relative_gap']:.3e}, tol {s['tol']:.1e})",
-        f"  gap from Z alone         {s['residual_relative_gap']:.3e}  (relative, scaled residual)",
+        _line("beta", f"{s['beta']:.6g}"),
+        _line("beta_max", f"{s['beta_max']:.6g}", "Z = 0 is optimal from here on"),
+        _line("solver status", s["status"]),
+        _line("primal objective P(Z)", f"{s['primal_objective']:.12g}"),
+        _line("dual objective D(V)", f"{s['dual_objective']:.12g}", f"dual point: {s['dual_source']}"),
+        _line("duality gap", f"{s['duality_gap']:.3e}", "P(Z) - D(V)"),
+        _line("relative gap", f"{s['relative_gap']:.3e}", "gap / max(1, |P(Z)|)"),
+        _line("tolerance", f"{s['tol']:.1e}", "relative gap to certify"),
+        _line("relative gap, Z alone", f"{s['residual_relative_gap']:.3e}", "at the scaled residual dual point"),
     ]
-    if refined is not None:
-        lines.append(f"  gap, refined dual point  {refined:.3e}  (relative; refinement {s['refine_seconds']:.3f} s, "
-                     f"{s['refine_status']})")
+    if s.get("refined_relative_gap") is not None:
+        lines += [_line("relative gap, refined", f"{s['refined_relative_gap']:.3e}", "at the refined dual point"),
+                  _line("refinement time", f"{s['refine_seconds']:.3f} s"),
+                  _line("refinement ended", s["refine_status"], "its own iterate, not Z")]
     lines += [
-        f"  KKT stationarity         {s['kkt_stationarity']:.3e}",
-        f"  KKT dual feasibility     {s['kkt_dual_feasibility']:.3e}",
-        f"  support                  {s['support_size']} ({'rank' if s['program'] == 'mhsa' else 'nonzero groups'})",
-        f"  heads recovered          {s['heads_recovered']}",
+        _line("KKT stationarity", f"{s['kkt_stationarity']:.3e}"),
+        _line("KKT dual feasibility", f"{s['kkt_dual_feasibility']:.3e}"),
+        _line("support", s["support_size"], SUPPORT.get(s["program"], "nonzero groups")),
+        _line("heads recovered", s["heads_recovered"]),
+        _line("nonconvex objective", f"{s['recovered_objective']:.12g}", "recovered heads, balanced"),
     ]
-    lemma = s.get("recovered_objective_lemma1")
-    lines.append(f"  nonconvex objective      {s['recovered_objective']:.12g}  (balanced"
-                 + ("" if lemma is None else f"; Lemma 1: {lemma:.12g}") + ")")
+    if s.get("recovered_objective_lemma1") is not None:
+        lines.append(_line("nonconvex, Lemma 1", f"{s['recovered_objective_lemma1']:.12g}", "recovered heads"))
     if s.get("processes") is not None:
-        lines.append(f"  processes                {s['processes']} (torch.distributed, one shard of the samples each)")
+        lines.append(_line("processes", s["processes"], "torch.distributed, one shard of the samples each"))
     if s.get("solve_seconds") is not None:
-        lines.append(f"  time                     solve {s['solve_seconds']:.3f} s, build {s.get('build_seconds', 0):.3f} s")
-    lines.append(f"  verdict                  {verdict}")
+        lines += [_line("solve time", f"{s['solve_seconds']:.3f} s"),
+                  _line("build time", f"{s.get('build_seconds', 0):.3f} s")]
+    if s.get("class_mapping"):
+        lines.append(_line("classes", s["class_mapping"], "labels, sorted, as RESULT stores them"))
+    lines.append(_line("verdict", verdict))
     return "\n".join(lines)
 
 
@@ -54,8 +70,9 @@ def _refine_arguments(p):
 
 
 # ----------------------------------------------------------------------------- solve
-DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally U1 (h, n) and U2 (h, d); or a folder with X.npy, "
-             "y.npy (optionally U1.npy, U2.npy), memory-mapped: X is read in chunks, never whole")
+DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally U1 (h, n) and U2 (h, d) (program 12) or H (P, d, d) "
+             "(gated_mhsa); or a folder with X.npy, y.npy (optionally U1.npy, U2.npy, H.npy), memory-mapped: X is "
+             "read in chunks, never whole")
 
 
 def configure_solve(p):
@@ -67,8 +84,10 @@ def configure_solve(p):
     p.add_argument("--solver", choices=("auto", "clarabel", "scs", "fista"), default="auto",
                    help="clarabel (interior point), scs (splitting), fista (torch proximal gradient), or auto: "
                         "clarabel for a small problem, fista otherwise (the output says which and why)")
-    p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and U1, U2) here")
+    p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and the gates U1, U2 or H) here")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines (by default a line on stderr when a solve runs past 5 s, then every 30 s)")
     p.add_argument("--max-iter", type=positive_int, default=None, help="iteration budget of the solver")
     p.add_argument("--time-limit", type=positive_float, default=None, help="time budget of the solver, seconds")
     _refine_arguments(p)
@@ -101,14 +120,22 @@ def run_solve(args):
     if args.out:
         check_output_file(args.out, "--out")
     X, y = data.rows()
-    problem = make_problem_from(args, X, y, data.U1, data.U2)
+    y, classes = encode_labels(y, args.loss)
+    problem = make_problem_from(args, X, y, data.U1, data.U2, H=data.H)
     refine = False if args.no_refine else "auto"
     result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose, refine=refine,
-                   refine_time=args.refine_time, **options)
+                   refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
     if args.out:
-        result.save(args.out)
-    _print(args, result.summary())
+        result.save(args.out, **({} if classes is None else {"classes": classes}))
+    _print(args, _with_classes(result.summary(), classes, args.loss))
     return 0 if result.certified else 1
+
+
+def _with_classes(summary, classes, loss):
+    """The summary with the mapping of string labels (``classes``: sorted, as in RESULT), if any."""
+    if classes is not None:
+        summary.update(classes=classes.tolist(), class_mapping=class_mapping(classes, loss))
+    return summary
 
 
 def _run_distributed(args, options):
@@ -158,7 +185,7 @@ def _solve_distributed(args, options, rank):
     def build(X, y, U1, U2, max_label):
         if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
             local.classes = max_label + 1  # the classes of every shard
-        return make_problem_from(local, X, y, U1, U2)
+        return make_problem_from(local, X, y, U1, U2, H=data.H)
 
     problem = distributed.shard_data(data, build)
     if args.beta_frac is not None:
@@ -178,7 +205,7 @@ def _solve_distributed(args, options, rank):
 def configure_verify(p):
     p.add_argument("data", metavar="DATA", help=DATA_HELP + ", as for solve")
     p.add_argument("result", metavar="RESULT.npz",
-                   help="Z in the program's shape; optionally V (a dual point), beta, U1 and U2")
+                   help="Z in the program's shape; optionally V (a dual point), beta, and the gates U1 and U2 or H")
     add_problem_arguments(p)
     _refine_arguments(p)
 
@@ -200,7 +227,8 @@ def run_verify(args):
     stored = None if "beta" not in res else _stored_beta(res["beta"])
     X, y = data.rows()
     gates = _gates(args, data, res)
-    problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2))
+    y, classes = encode_labels(y, args.loss, res.get("classes"))
+    problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2), H=res.get("H", data.H))
     if np.shape(res["Z"]) != problem.program.shape:
         raise InvalidInputError(f"RESULT: Z has shape {np.shape(res['Z'])}, {problem.program.label} on this data "
                                 f"needs {problem.program.shape}; check --program, --gates and DATA")
@@ -219,7 +247,7 @@ def run_verify(args):
     cert = certify(problem, Z, V=V, tol=args.tol, refine=not args.no_refine, refine_time=args.refine_time)
     summary.update(cert.to_dict())
     summary["status"] = "none (a given Z)"
-    _print(args, summary)
+    _print(args, _with_classes(summary, classes, args.loss))
     return 0 if cert.certified else 1
 
 
@@ -239,22 +267,24 @@ def _stored_beta(a):
 
 
 def _gates(args, data, res):
-    """Where the gates of program (12) come from ("RESULT", "DATA" or "sampled (--gates H --gate-seed S)");
-    None for the other programs. When RESULT and DATA both hold gates and they differ, RESULT's are used
-    (the gates Z was solved with) and a note on stderr says so."""
+    """Where the gates come from (program (12): U1, U2; gated_mhsa: H): "RESULT", "DATA" or
+    "sampled (--gates G --gate-seed S)"; None for the programs without gates. When RESULT and DATA
+    both hold gates and they differ, RESULT's are used (the gates Z was solved with) and a note on
+    stderr says so."""
     import sys
 
     import numpy as np
 
-    if args.program != 12:
+    names = GATE_ARRAYS.get(args.program)
+    if names is None:
         return None
-    in_data = data.U1 is not None
-    if "U1" not in res:
+    in_data = getattr(data, names[0]) is not None
+    if names[0] not in res:
         return "DATA" if in_data else f"sampled (--gates {args.gates} --gate-seed {args.gate_seed})"
     if in_data and not all(np.shape(res[k]) == np.shape(getattr(data, k)) and np.array_equal(res[k], getattr(data, k))
-                           for k in ("U1", "U2")):
-        print("cvxtransformer verify: note: RESULT's gates U1, U2 differ from DATA's; certifying with RESULT's (the "
-              "gates Z was solved with)", file=sys.stderr)
+                           for k in names):
+        print(f"cvxtransformer verify: note: RESULT's gates {', '.join(names)} differ from DATA's; certifying with "
+              "RESULT's (the gates Z was solved with)", file=sys.stderr)
     return "RESULT"
 
 
@@ -294,9 +324,12 @@ def run_demo(args):
         _print(args, summary)
     else:
         print(format_certificate(summary))
-        print(f"alternative attention network (9), {heads} heads, Adam (lr {lr:g}, {steps} steps, "
-              f"{run.seconds:.2f} s):\n"
-              f"  objective                {run.objective:.12g}\n"
-              f"  certified gap            {gap:.6g} over D(V) = {summary['dual_objective']:.12g} "
-              f"(relative {gap / max(1.0, abs(run.objective)):.3e})")
+        a = summary["alternative_adam"]
+        print("\n".join(["alternative attention network (9), trained by Adam:",
+                         _line("heads", heads), _line("learning rate", f"{lr:g}"), _line("steps", steps),
+                         _line("training time", f"{run.seconds:.2f} s"),
+                         _line("objective", f"{run.objective:.12g}"),
+                         _line("certified lower bound", f"{summary['dual_objective']:.12g}", "D(V) above"),
+                         _line("certified gap", f"{gap:.6g}", "objective - D(V)"),
+                         _line("relative certified gap", f"{a['relative_certified_gap']:.3e}")]))
     return 0 if result.certified else 1

@@ -5,11 +5,15 @@ Builders only build: each returns a :class:`Built` holding an unsolved ``cvxpy.P
 is needed to read Z and a dual point back from it. The program supplies its CVXPY faces (the
 variable, the map, the adjoint, the layout its regulariser reads), the loss and the regulariser
 theirs, so one builder serves every family.
+
+CVXPY itself is imported by the builders only: the memory estimate (:func:`estimate_cvxpy_bytes`)
+runs without it, so ``solver="auto"`` choosing the torch backend never loads CVXPY.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
 from typing import Callable
 
-import cvxpy as cp
 import numpy as np
 
 from .validation import check_problem
@@ -19,7 +23,7 @@ from .validation import check_problem
 class Built:
     """An unsolved CVXPY problem, and readers of Z (the program's shape) and V (N, n_outputs)."""
 
-    problem: cp.Problem
+    problem: cvxpy.Problem  # noqa: F821 (a string: CVXPY is imported by the builders only)
     form: str
     extract_Z: Callable[[], np.ndarray]
     extract_V: Callable[[], np.ndarray]
@@ -27,6 +31,8 @@ class Built:
 
 def build_primal(problem):
     """``min_Z sum_i L(yhat_i, y_i) + R(Z)`` with ``yhat = A(Z)`` as an explicit constraint."""
+    import cvxpy as cp
+
     program = check_problem(problem).program
     W = program.cvxpy_variable()
     Yhat = cp.Variable((program.N, program.n_outputs), name="Yhat")
@@ -42,6 +48,8 @@ def build_primal(problem):
 def build_dual(problem):
     """``max_V sum_i -L*(-V_i)`` s.t. ``dual_norm(A^T V) <= beta``: (21)/(28)/(33), or the spectral-norm
     dual of program (6). The primal is read back from the multipliers of the norm constraint."""
+    import cvxpy as cp
+
     program = check_problem(problem).program
     V = cp.Variable((program.N, program.n_outputs), name="V")
     objective, domain = problem.loss.cvxpy_dual(V, problem.T)

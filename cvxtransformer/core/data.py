@@ -2,8 +2,9 @@
 
 ``DATA`` for the command line (and :func:`open_data` in Python) is one of
 
-* a ``.npz`` file with ``X`` and ``y`` (optionally ``U1``, ``U2``), loaded into memory;
-* a directory holding ``X.npy`` (N, n, d) and ``y.npy`` (N, ...) (optionally ``U1.npy``, ``U2.npy``):
+* a ``.npz`` file with ``X`` and ``y`` (optionally gates: ``U1``, ``U2`` of program (12), ``H`` of the
+  gated MHSA program), loaded into memory;
+* a directory holding ``X.npy`` (N, n, d) and ``y.npy`` (N, ...) (optionally ``U1.npy``, ``U2.npy``, ``H.npy``):
   ``X`` is memory-mapped, never read whole;
 * several such directories (shards; rows concatenated in the order given), or one directory whose
   subdirectories are the shards (sorted by name; every one must hold its X.npy and y.npy).
@@ -72,11 +73,11 @@ class DataSet:
     """X, y (and gates) of DATA, opened without reading X (see the module docstring).
 
     Attributes: ``N`` (rows in all), ``shape`` (N, n, d), ``counts`` (rows per shard), ``U1``,
-    ``U2`` (None when absent), ``in_memory`` (True for a .npz file).
+    ``U2``, ``H`` (None when absent), ``in_memory`` (True for a .npz file).
     """
 
-    def __init__(self, parts, U1=None, U2=None, in_memory=False):
-        self.parts, self.U1, self.U2, self.in_memory = parts, U1, U2, in_memory
+    def __init__(self, parts, U1=None, U2=None, in_memory=False, H=None):
+        self.parts, self.U1, self.U2, self.in_memory, self.H = parts, U1, U2, in_memory, H
         self.counts = [len(X) for X, _ in parts]
         self.N = sum(self.counts)
         self.shape = (self.N,) + parts[0][0].shape[1:]
@@ -147,7 +148,7 @@ def open_data(paths, role="DATA"):
         raise InvalidInputError(f"{role}: expected a .npz file or data folders, got nothing")
     if len(paths) == 1 and not os.path.isdir(paths[0]):
         data = load_npz(paths[0], role, ("X", "y"))
-        return DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True)
+        return DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True, H=data.get("H"))
     parts, gates = [], {}
     for folder in _shard_dirs(paths, role):
         X = _npy(os.path.join(folder, "X.npy"), role, "X")
@@ -162,7 +163,7 @@ def open_data(paths, role="DATA"):
         if parts and (X.shape[1:] != parts[0][0].shape[1:] or y.shape[1:] != parts[0][1].shape[1:]):
             raise InvalidInputError(f"{where}: shards differ in shape: X {X.shape}, y {y.shape} against X "
                                     f"{parts[0][0].shape}, y {parts[0][1].shape} in the first shard")
-        for name in ("U1", "U2"):
+        for name in ("U1", "U2", "H"):
             path = os.path.join(folder, name + ".npy")
             if os.path.isfile(path):
                 U = np.array(_npy(path, role, name), dtype=float)
@@ -171,7 +172,7 @@ def open_data(paths, role="DATA"):
                                             "must use the same gates")
                 gates[name] = U
         parts.append((X, y))
-    return DataSet(parts, gates.get("U1"), gates.get("U2"))
+    return DataSet(parts, gates.get("U1"), gates.get("U2"), H=gates.get("H"))
 
 
 class StreamedRows:

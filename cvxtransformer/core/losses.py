@@ -30,7 +30,6 @@ Example
 import functools
 import math
 
-import cvxpy as cp
 import numpy as np
 import torch
 
@@ -165,9 +164,13 @@ class SquaredLoss(Loss):
         return V
 
     def cvxpy_value(self, Yhat, T):
+        import cvxpy as cp
+
         return 0.5 * cp.sum_squares(Yhat - T)
 
     def cvxpy_dual(self, V, T):
+        import cvxpy as cp
+
         return cp.sum(cp.multiply(V, T)) - 0.5 * cp.sum_squares(V), []
 
 
@@ -214,9 +217,13 @@ class LogisticLoss(Loss):
         return torch.mean((torch.where(Yhat >= 0, 1.0, -1.0) == T).to(F64))
 
     def cvxpy_value(self, Yhat, T):
+        import cvxpy as cp
+
         return cp.sum(cp.logistic(-cp.multiply(T, Yhat)))
 
     def cvxpy_dual(self, V, T):
+        import cvxpy as cp
+
         a = cp.multiply(T, V)
         return cp.sum(cp.entr(a) + cp.entr(1 - a)), []
 
@@ -278,9 +285,13 @@ class CrossEntropyLoss(Loss):
         return torch.mean((torch.argmax(Yhat, dim=1) == torch.argmax(T, dim=1)).to(F64))
 
     def cvxpy_value(self, Yhat, T):
+        import cvxpy as cp
+
         return cp.sum(cp.log_sum_exp(Yhat, axis=1)) - cp.sum(cp.multiply(T, Yhat))
 
     def cvxpy_dual(self, V, T):
+        import cvxpy as cp
+
         return cp.sum(cp.entr(T - V)), [cp.sum(V, axis=1) == 0]
 
 

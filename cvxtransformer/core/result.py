@@ -76,6 +76,7 @@ class SolveResult:
     iterations: Optional[int] = None
     U1: Optional[np.ndarray] = None
     U2: Optional[np.ndarray] = None
+    H: Optional[np.ndarray] = None
     history: list = field(default_factory=list)
     screened: Optional[np.ndarray] = None
     solver_choice: Optional[str] = None  # why solver="auto" took ``solver`` (None: the solver was named)
@@ -96,9 +97,13 @@ class SolveResult:
     def history_dicts(self):
         return [asdict(h) for h in self.history]
 
-    def save(self, path):
-        """Write ``Z``, ``V``, ``beta`` (and ``U1``, ``U2`` for program (12)) to ``path`` atomically."""
-        arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary()))}
+    def save(self, path, **extra):
+        """Write ``Z``, ``V``, ``beta`` (and ``U1``, ``U2`` for program (12), ``H`` for the gated MHSA
+        program) and the ``extra`` arrays to ``path`` atomically."""
+        arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary())),
+                  **extra}
         if self.U1 is not None:
             arrays.update(U1=self.U1, U2=self.U2)
+        if self.H is not None:
+            arrays.update(H=self.H)
         save_npz(path, **arrays)

@@ -42,7 +42,10 @@ OPTIMIZERS = ("adam", "sgd")
 class FitOutcome:
     """How :func:`fit` ended.
 
-    steps : steps done; seconds : optimisation time
+    Attributes
+    ----------
+    steps : steps done
+    seconds : optimisation time
     status : "finished", "time limit", "diverged", or the status a hook returned to stop the run
     values, times : the objective that each step minimised (before the step) and the optimisation
         time then (lists of length ``steps``, plus the diverged value when the run diverged)
@@ -139,6 +142,8 @@ def fit(optimizer, step_objective, n_samples, steps, batch_size=None, seed=0, ev
 class TrainHistory:
     """What :func:`train` recorded.
 
+    Attributes
+    ----------
     iterations, objective, seconds : ndarrays of shape (S + 1,): the full-data objective before
         step t (the last entry: after the last step) and the optimisation time then
     eval_iterations, eval_seconds : the steps at which metrics were evaluated
