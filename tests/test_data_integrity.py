@@ -151,4 +151,4 @@ def test_a_distributed_run_says_how_many_processes_it_used(tmp_path, arrays):
     assert codes == [0, 0] and [results[r]["code"] for r in (0, 1)] == [0, 0], results
     summary = json.loads(results[0]["stdout"])
     assert summary["processes"] == 2 and summary["certified"] and results[1]["stdout"] == ""
-    assert "  processes                2 (torch.distributed" in format_certificate(summary)
+    assert "  processes                2  (torch.distributed" in format_certificate(summary)
