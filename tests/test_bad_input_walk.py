@@ -54,7 +54,8 @@ def env(tmp_path_factory):
     (folder / "read_only.npz").write_bytes(b"an earlier result")
     (folder / "read_only.npz").chmod(0o444)
     problem = ct.make_problem(X, y, program=10, beta=1.0)
-    return {"dir": folder, "X": X, "y": y, "labels": labels, "problem": problem, "Z": problem.zeros()}
+    gated = ct.make_problem(X, y, program="gated_mhsa", beta=1.0, gates=2)
+    return {"dir": folder, "X": X, "y": y, "labels": labels, "problem": problem, "Z": problem.zeros(), "gated": gated}
 
 
 def snapshot(folder):
@@ -107,7 +108,22 @@ API = [
      "X"),
     ("AttentionClassifier fit n_classes", lambda e: _estimators().AttentionClassifier(tol=2.0).fit(e["X"], e["labels"]),
      ERROR, "tol"),
-    # --- issue 21 (program "gated_mhsa") and issue 23 (ct.certify_network, ct.compare): their rows go here
+    # --- the gated-ReLU MHSA family, certify_network, compare
+    ("make_problem gated H bool", lambda e: ct.make_problem(e["X"], e["y"], program="gated_mhsa",
+                                                            H=np.ones((2, 4, 4), bool)), ERROR, "H"),
+    ("make_problem gated H complex", lambda e: ct.make_problem(e["X"], e["y"], program="gated_mhsa",
+                                                               H=np.ones((2, 4, 4)) + 1j), ERROR, "H"),
+    ("make_problem H on program 10", lambda e: ct.make_problem(e["X"], e["y"], program=10, H=np.ones((2, 4, 4))),
+     ERROR, "H"),
+    ("make_problem gated gates 0", lambda e: ct.make_problem(e["X"], e["y"], program="gated_mhsa", gates=0), ERROR,
+     "gates"),
+    ("certify gated Z complex", lambda e: ct.certify(e["gated"], e["gated"].zeros() + 1j), ERROR, "Z"),
+    ("certify_network an array", lambda e: ct.certify_network(e["X"], {"W1": e["X"]}), ERROR, "problem"),
+    ("certify_network a string", lambda e: ct.certify_network(e["problem"], "weights"), ERROR, "network"),
+    ("certify_network keys", lambda e: ct.certify_network(e["problem"], {"A": e["X"]}), ERROR, "network"),
+    ("compare None", lambda e: ct.compare(None), ERROR, "problem"),
+    ("compare solver", lambda e: ct.compare(e["problem"], solver="gurobi"), ERROR, "solver"),
+    ("compare models", lambda e: ct.compare(e["problem"], models=["resnet"]), ERROR, "models"),
 ]
 
 CLI = [
@@ -143,7 +159,12 @@ CLI = [
     ("grok-gates --teacher", ["grok-gates", "--teacher", "{dir}/shards", "--out-dir", "{dir}/out"], "--teacher"),
     ("kernel --out-dir a file", ["kernel", "--out-dir", "{dir}/a_file/sub"], "--out-dir"),
     ("spectral --out-dir a file", ["spectral", "--out-dir", "{dir}/a_file"], "--out-dir"),
-    # --- issue 21 (program gated_mhsa) and issue 23 (compare as an API): their rows go here
+    ("solve gated --gates 0", ["solve", "{dir}/data.npz", "--program", "gated_mhsa", "--loss", "squared", "--beta",
+                               "1", "--gates", "0"], "argument --gates"),
+    ("verify gated Z complex", ["verify", "{dir}/data.npz", "{dir}/z_complex.npz", "--program", "gated_mhsa",
+                                "--loss", "squared", "--beta", "1"], "RESULT: Z"),
+    ("compare --solver", ["compare", "{dir}/data.npz", *CORE, "--beta", "1", "--solver", "gurobi", "--out-dir",
+                          "{dir}/out"], "argument --solver"),
 ]
 
 
