@@ -152,3 +152,14 @@ def test_a_distributed_run_says_how_many_processes_it_used(tmp_path, arrays):
     summary = json.loads(results[0]["stdout"])
     assert summary["processes"] == 2 and summary["certified"] and results[1]["stdout"] == ""
     assert "  processes                2  (torch.distributed" in format_certificate(summary)
+
+
+def test_processes_with_different_gate_matrices_of_the_gated_family(tmp_path, arrays):
+    X, y = arrays
+    H = np.random.default_rng(1).standard_normal((2, 3, 3))
+    one = write_shards(tmp_path / "one", X, y, H=H)
+    other = write_shards(tmp_path / "other", X, y, H=H.transpose(0, 2, 1))
+    gated = ["--program", "gated_mhsa", *ARGS[2:]]
+    refused(tmp_path, [["solve", str(one), *gated], ["solve", str(other), *gated]],
+            r"distributed: rank 1 differs from rank 0 in the gates H of gated-ReLU MHSA program \(.* against .* on "
+            r"rank 0\); every process must use the same gates")

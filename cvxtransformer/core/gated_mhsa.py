@@ -127,6 +127,11 @@ class GatedMHSAProgram(LinearMHSAProgram):
         self.gates = self.H.shape[0]
         self.shape = self.canonical_shape = (self.gates, self.d ** 2, self.d * self.c)
 
+    def gate_arrays(self):
+        """The gate matrices H (P, d, d): with X they define the map (checked for scale, and agreed on
+        by every process of a distributed solve)."""
+        return {"H": self.H}
+
     @property
     def n_blocks(self):
         """Number of singular directions, ``P min(d^2, dc)``."""
