@@ -132,7 +132,7 @@ def test_the_memory_estimate_of_the_compact_forms_does_not_grow_with_N():
         X = np.random.default_rng(0).standard_normal((N, 8, 6))
         y = X[:, :, :2] if program == "mhsa" else (X[:, 0, :2] if loss == "squared" else np.sign(X[:, 0, 0]))
         problem = ct.make_problem(X, y, program=program, loss=loss, beta=1.0)
-        return estimate_cvxpy_bytes(problem, "primal", formulation)
+        return estimate_cvxpy_bytes(problem, "primal", formulation=formulation)
 
     assert estimate(10_000, "compressed") == estimate(100, "compressed")
     assert estimate(10_000, "direct") > 50 * estimate(100, "direct")

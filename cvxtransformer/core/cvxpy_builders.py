@@ -27,29 +27,32 @@ Example
 >>> built = build_primal(P)
 >>> built.formulation, built.problem.size_metrics.num_scalar_variables < 100
 ('compressed', True)
+
+CVXPY itself is imported by the builders only: the memory estimate (:func:`estimate_cvxpy_bytes`)
+runs without it, so ``solver="auto"`` choosing the torch backend never loads CVXPY.
 """
+from __future__ import annotations
+
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import cvxpy as cp
 import numpy as np
 import torch
-from scipy.linalg import lapack, solve_triangular
 
 from .errors import invalid
 from .regularizers import NuclearNorm
+from .validation import check_problem
 
 FORMULATIONS = ("compressed", "factored", "direct")
 GRAM_BYTES = 16 * 2**20  # design rows per chunk of the compression
-BYTES_PER_COEFFICIENT = 260  # peak bytes of CVXPY's compilation and Clarabel's solve per nonzero (measured)
 
 
 @dataclass
 class Built:
     """An unsolved CVXPY problem, its formulation, and readers of Z (the program's shape) and V (N, n_outputs)."""
 
-    problem: cp.Problem
+    problem: cvxpy.Problem  # noqa: F821 (a string: CVXPY is imported by the builders only)
     form: str
     extract_Z: Callable[[], np.ndarray]
     extract_V: Callable[[], np.ndarray]
@@ -82,46 +85,6 @@ def _design_dims(program):
     p = program.design(0, 0).shape[1]
     q = int(np.prod(program.cvxpy_variable().shape)) // p
     return p, q, program.n_outputs // q
-
-
-def estimate_cvxpy_bytes(problem, form="primal", formulation="auto", solver="clarabel"):
-    """Peak bytes that building, compiling and solving ``problem`` through CVXPY will take, estimated
-    before any of it (nothing is built): ``BYTES_PER_COEFFICIENT`` (measured: CVXPY's compilation keeps
-    about 130 bytes per nonzero of the conic problem, Clarabel's KKT matrix and factor about as many again)
-    times the nonzeros of the map in ``formulation`` (``"compressed"``: at most p^2 q, whatever N;
-    ``"factored"``: the program's ``cvxpy_factored_size()``; ``"direct"``: N r p q, the dense design),
-    the loss's cones and the regulariser's, plus the arrays the builder itself holds and, for Clarabel,
-    the dense Hessian blocks of the nuclear norm's PSD cones (order (m + q')(m + q' + 1)/2 for a Z of
-    shape (m, q'), whatever N: what makes "mhsa" with d = 12 out of reach). ``form`` is "primal" or
-    "dual" (the same counts to this precision).
-
-    Example
-    -------
-    >>> import numpy as np, cvxtransformer as ct
-    >>> X = np.random.default_rng(0).standard_normal((10_000, 8, 16))
-    >>> P = ct.make_problem(X, X[:, 0, :4], program=10, beta=1.0)
-    >>> [estimate_cvxpy_bytes(P, formulation=f) // 2**20 for f in ("direct", "compressed")]   # MiB
-    [1299, 33]
-    """
-    formulation = choose_formulation(problem, formulation)
-    program = problem.program
-    p, q, r = _design_dims(program)
-    outputs = program.N * program.n_outputs
-    if formulation == "compressed":
-        coefficients, outputs, held = p * p * q, p * q, GRAM_BYTES + 4 * 8 * (p + q) ** 2
-    elif formulation == "factored":
-        coefficients, held = program.cvxpy_factored_size(), 8 * program.N * program.d ** 2
-    else:
-        coefficients, held = program.N * r * p * q, 8 * program.N * r * p
-    shape = program.shape
-    size = int(np.prod(shape))
-    cones, dense = 2 * size, 0
-    if isinstance(problem.regularizer, NuclearNorm):
-        blocks, order = size // (shape[-2] * shape[-1]), shape[-2] + shape[-1]
-        cones = blocks * order * (order + 1) // 2 + size
-        dense = 3 * 8 * blocks * (order * (order + 1) // 2) ** 2 if solver == "clarabel" else 0
-    loss = outputs * (2 if problem.loss.quadratic else 8)
-    return int(BYTES_PER_COEFFICIENT * (coefficients + loss + cones) + dense + held)
 
 
 def _design_gram(program):
@@ -165,6 +128,8 @@ class LeastSquares:
     """
 
     def __init__(self, problem, chunk_bytes=GRAM_BYTES):
+        from scipy.linalg import lapack, solve_triangular
+
         t0 = time.perf_counter()
         program, T = problem.program, problem.T
         p, q, r = _design_dims(program)
@@ -191,11 +156,15 @@ class LeastSquares:
 
     def coefficients(self, W):
         """The CVXPY variable ``W`` viewed as the (p, q) coefficients the design multiplies."""
+        import cvxpy as cp
+
         return W if W.shape == (self.p, self.q) else cp.reshape(W, (self.p, self.q), order="C")
 
     def dual_point(self, problem, U, shape):
         """The dual point ``Y - A C'`` (N, n_outputs) of the whole problem for a compressed one ``U``
         (one pass over the data); ``shape`` is that of the CVXPY variable."""
+        from scipy.linalg import solve_triangular
+
         C = np.zeros((self.p, self.q))
         C[self.perm] = solve_triangular(self.L.T, self.S - np.asarray(U, dtype=float), lower=False)
         return problem.residual_dual(problem.program.from_cvxpy(C.reshape(shape)))
@@ -204,8 +173,10 @@ class LeastSquares:
 def build_primal(problem, formulation="auto"):
     """``min_Z sum_i L(yhat_i, y_i) + R(Z)``; ``yhat = A(Z)`` is an explicit constraint, or, compressed,
     ``min_Z 1/2 ||R C - S||^2 + const + R(Z)`` with the residual ``R C - S`` as the constraint."""
+    import cvxpy as cp
+
     formulation = choose_formulation(problem, formulation)
-    program = problem.program
+    program = check_problem(problem).program
     W = program.cvxpy_variable()
     penalty = problem.regularizer.cvxpy_value(program.cvxpy_blocks(W))
     if formulation == "compressed":
@@ -232,8 +203,10 @@ def build_dual(problem, formulation="auto"):
     dual of program (6). The primal is read back from the multipliers of the norm constraint.
     Compressed: ``max_U <U, S> - 1/2 ||U||^2 + const`` s.t. ``dual_norm(R^T U) <= beta`` (see
     :class:`LeastSquares`), whose optimum is the whole problem's."""
+    import cvxpy as cp
+
     formulation = choose_formulation(problem, formulation)
-    program = problem.program
+    program = check_problem(problem).program
     if formulation == "compressed":
         ls = LeastSquares(problem)
         shape = program.cvxpy_variable().shape
@@ -256,3 +229,79 @@ def build_dual(problem, formulation="auto"):
 
 
 BUILDERS = {"primal": build_primal, "dual": build_dual}
+
+
+# Memory of a CVXPY build and solve, measured (peak RSS over the interpreter's, ``ru_maxrss``) by
+# benchmarks/memory.py on the project's machine (docs/benchmark_memory.md): per nonzero of the map
+# CVXPY gets (and of the loss's and the regulariser's cones) and per entry of the dense Hessian block
+# of a PSD cone (the nuclear norm's, of side p + q for Z of shape (p, q)), each the largest ratio
+# measured, rounded up.
+BYTES_PER_COEFFICIENT = {"clarabel": 300, "scs": 450}
+BYTES_PER_PSD_ENTRY = {"clarabel": 64, "scs": 16}
+BYTES_FIXED = 64 * 2**20
+
+
+def design_size(problem):
+    """``(rows, features, columns)`` of the dense design (the direct formulation): ``rows`` x
+    ``features`` (the program's ``design()``; computed here from one sample, never built whole) times
+    a variable of ``features`` x ``columns``."""
+    program = problem.program
+    rows, features = program.on(program.X[:1]).design().shape
+    return program.N * rows, features, int(np.prod(program.shape)) // features
+
+
+def cvxpy_coefficients(problem, formulation="auto"):
+    """Nonzeros of the map CVXPY gets in ``formulation``: ``"compressed"`` at most p^2 q (p design
+    columns, q outputs per design row: whatever N), ``"factored"`` the program's
+    ``cvxpy_factored_size()``, ``"direct"`` the dense design's ``rows * features * columns`` (a
+    block-diagonal copy per column)."""
+    formulation = choose_formulation(problem, formulation)
+    if formulation == "compressed":
+        p, q, _ = _design_dims(problem.program)
+        return p * p * q
+    if formulation == "factored":
+        return problem.program.cvxpy_factored_size()
+    rows, features, columns = design_size(problem)
+    return rows * features * columns
+
+
+def estimate_cvxpy_bytes(problem, form="primal", solver="clarabel", formulation="auto"):
+    """Peak bytes that building ``problem`` in ``form`` ("primal" or "dual", the same to this
+    precision) and ``formulation`` with CVXPY and solving it with ``solver`` ("clarabel" or "scs")
+    will take, estimated before any of it: ``BYTES_PER_COEFFICIENT`` per nonzero of the map
+    (:func:`cvxpy_coefficients`), of the loss's cones (2 per output for the squared loss, 8 for an
+    exponential cone) and of the regulariser's; for the nuclear norm, ``BYTES_PER_PSD_ENTRY`` per
+    entry of each PSD cone's Hessian block ((t (t + 1) / 2)^2 for a cone of side t = p + q: what
+    makes "mhsa" with d = 12 out of reach, whatever N); and the arrays the builder itself holds.
+    Calibrated against measured peaks (the estimate is at or above every one;
+    docs/benchmark_memory.md).
+
+    Example
+    -------
+    >>> import numpy as np, cvxtransformer as ct
+    >>> X = np.random.default_rng(0).standard_normal((10_000, 8, 16))
+    >>> P = ct.make_problem(X, X[:, 0, :4], program=10, beta=1.0)
+    >>> [estimate_cvxpy_bytes(P, formulation=f) // 2**20 for f in ("direct", "compressed")]   # MiB
+    [1299, 33]
+    """
+    formulation = choose_formulation(problem, formulation)
+    program = problem.program
+    outputs = program.N * program.n_outputs
+    if formulation == "compressed":
+        p, q, _ = _design_dims(program)
+        outputs, held = p * q, GRAM_BYTES + 4 * 8 * (p + q) ** 2
+    elif formulation == "factored":
+        held = 8 * program.N * program.d ** 2
+    else:
+        rows, features, _ = design_size(problem)
+        held = 8 * rows * features
+    shape = program.shape
+    size = int(np.prod(shape))
+    cones, dense = 2 * size, 0.0
+    if isinstance(problem.regularizer, NuclearNorm):
+        blocks, side = size // (shape[-2] * shape[-1]), shape[-2] + shape[-1]
+        cones = blocks * side * (side + 1) // 2 + size
+        dense = BYTES_PER_PSD_ENTRY[solver] * blocks * (side * (side + 1) / 2) ** 2
+    loss = outputs * (2 if problem.loss.quadratic else 8)
+    coefficients = cvxpy_coefficients(problem, formulation) + loss + cones
+    return int(BYTES_PER_COEFFICIENT[solver] * coefficients + dense + held + BYTES_FIXED)
