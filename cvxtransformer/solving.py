@@ -109,7 +109,7 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     True
     >>> result = ct.solve(P)   # solver="auto"
     >>> result.solver, result.solver_choice
-    ('clarabel', 'auto: a small problem (3.6e+02 CVXPY coefficients <= 2e+05)')
+    ('clarabel', 'auto: a small problem (1.4e+02 CVXPY coefficients <= 2e+05)')
     """
     check_problem(problem)
     tol = check_tol(tol)

@@ -9,7 +9,7 @@ import pytest
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main
-from cvxtransformer.core.cvxpy_builders import LeastSquares, estimate_cvxpy_bytes, offered_formulations
+from cvxtransformer.core.cvxpy_builders import BYTES_FIXED, LeastSquares, estimate_cvxpy_bytes, offered_formulations
 from cvxtransformer.core.data import open_data
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.testing import check_gap
@@ -93,7 +93,7 @@ def test_the_compression_of_a_memory_map_reads_chunks_of_rows(tmp_path, monkeypa
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap'd memory on Linux only")
 def test_clarabel_solves_a_memory_map_four_times_the_memory_limit(tmp_path):
-    limit = 80 * 2**20
+    limit = 128 * 2**20  # above the estimate's fixed part (BYTES_FIXED, the interpreter's and CVXPY's own)
     solved, control = solve_under_memory_limit(write_big_folder(tmp_path / "big", limit, n=8), limit, "clarabel")
     _, nbytes, certified, gap, formulation = solved.split()
     assert int(nbytes) >= 4 * limit and certified == "True" and float(gap) <= 1e-8 and formulation == "compressed"
@@ -135,8 +135,9 @@ def test_the_memory_estimate_of_the_compact_forms_does_not_grow_with_N():
         return estimate_cvxpy_bytes(problem, "primal", formulation=formulation)
 
     assert estimate(10_000, "compressed") == estimate(100, "compressed")
-    assert estimate(10_000, "direct") > 50 * estimate(100, "direct")
-    assert estimate(1_000, "factored", program="mhsa") < estimate(1_000, "direct", program="mhsa") / 3
+    fixed = BYTES_FIXED  # the interpreter's and CVXPY's own, whatever the problem
+    assert estimate(10_000, "direct") - fixed > 50 * (estimate(100, "direct") - fixed)
+    assert estimate(1_000, "factored", program="mhsa") - fixed < (estimate(1_000, "direct", program="mhsa") - fixed) / 3
 
 
 @pytest.mark.parametrize("per_token", [False, True])

@@ -42,7 +42,7 @@ def test_auto_takes_clarabel_for_a_small_problem_and_fista_otherwise(monkeypatch
     small = problem_of(30, 4, 3, 2)
     result = ct.solve(small.with_beta(0.3 * small.beta_max()))
     assert result.solver == "clarabel" and result.certified
-    assert result.solver_choice == "auto: a small problem (7.2e+02 CVXPY coefficients <= 2e+05)"
+    assert result.solver_choice == "auto: a small problem (2.9e+02 CVXPY coefficients <= 2e+05)"  # compressed: 12^2 x 2
     assert result.summary()["solver_choice"] == result.solver_choice
     assert ct.solve(small, solver="clarabel").solver_choice is None
 
@@ -52,10 +52,10 @@ def test_auto_takes_clarabel_for_a_small_problem_and_fista_otherwise(monkeypatch
         raise AssertionError("a CVXPY problem was built")
 
     monkeypatch.setitem(cvxpy_builders.BUILDERS, "primal", never)
-    large = problem_of(2000, 8, 16, 8)  # 2000 x 128 x 8 = 2e6 coefficients
+    large = problem_of(2000, 8, 16, 16)  # compressed: 128^2 x 16 = 2.6e5 coefficients, whatever N
     result = ct.solve(large.with_beta(0.3 * large.beta_max()))
     assert result.solver == "fista" and result.certified
-    assert result.solver_choice == "auto: 2e+06 CVXPY coefficients > 2e+05"
+    assert result.solver_choice == "auto: 2.6e+05 CVXPY coefficients > 2e+05"
     assert ct.solve(small, form="dual").solver == "clarabel"  # the dual form: CVXPY
     assert ct.solve(small, dtype="float32", tol=1e-4).solver_choice == "auto: option dtype is the torch backend's"
 
@@ -65,8 +65,8 @@ def test_the_command_line_says_which_solver_auto_took(tmp_path, capsys):
     np.savez(tmp_path / "d.npz", X=rng.standard_normal((30, 4, 3)), y=rng.standard_normal((30, 2)))
     assert main(["solve", str(tmp_path / "d.npz"), *CORE]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == ("program (10), squared loss, primal form, solver clarabel (auto: a small problem (7.2e+02 CVXPY "
-                     "coefficients <= 2e+05))")
+    assert first == ("program (10), squared loss, primal form (compressed formulation), solver clarabel (auto: a small "
+                     "problem (2.9e+02 CVXPY coefficients <= 2e+05))")
     assert main(["solve", str(tmp_path / "d.npz"), *CORE, "--json", "--solver", "scs"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["solver"] == "scs" and summary["solver_choice"] is None

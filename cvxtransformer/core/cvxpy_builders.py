@@ -175,8 +175,8 @@ def build_primal(problem, formulation="auto"):
     ``min_Z 1/2 ||R C - S||^2 + const + R(Z)`` with the residual ``R C - S`` as the constraint."""
     import cvxpy as cp
 
-    formulation = choose_formulation(problem, formulation)
     program = check_problem(problem).program
+    formulation = choose_formulation(problem, formulation)
     W = program.cvxpy_variable()
     penalty = problem.regularizer.cvxpy_value(program.cvxpy_blocks(W))
     if formulation == "compressed":
@@ -205,8 +205,8 @@ def build_dual(problem, formulation="auto"):
     :class:`LeastSquares`), whose optimum is the whole problem's."""
     import cvxpy as cp
 
-    formulation = choose_formulation(problem, formulation)
     program = check_problem(problem).program
+    formulation = choose_formulation(problem, formulation)
     if formulation == "compressed":
         ls = LeastSquares(problem)
         shape = program.cvxpy_variable().shape
@@ -282,7 +282,7 @@ def estimate_cvxpy_bytes(problem, form="primal", solver="clarabel", formulation=
     >>> X = np.random.default_rng(0).standard_normal((10_000, 8, 16))
     >>> P = ct.make_problem(X, X[:, 0, :4], program=10, beta=1.0)
     >>> [estimate_cvxpy_bytes(P, formulation=f) // 2**20 for f in ("direct", "compressed")]   # MiB
-    [1299, 33]
+    [1561, 99]
     """
     formulation = choose_formulation(problem, formulation)
     program = problem.program

@@ -145,6 +145,9 @@ class GatedMHSAProgram(LinearMHSAProgram):
         H = torch.as_tensor(self.H, dtype=Xs.dtype).to(device)
         return GatedMHSAOperator(Xs, self.pooled, self.c, device, H, chunk, self.shards)
 
+    cvxpy_formulations = ("direct",)  # no factored map (the gates mask the G_i); compressed for the squared loss
+    design_gram = None  # linear MHSA's Gram matrix from the G_i does not hold gated: from the design rows
+
     def design(self, start=0, stop=None):
         """Dense design of the samples ``start:stop``: shape (rows*n, P d^3) (rows (i, t)) or (rows, P d^3)
         (pooled), columns (g, k, a, l), so that the map is ``design @ Z.reshape(P d^3, c)``."""
