@@ -13,15 +13,13 @@
 """
 import argparse
 import json
-import multiprocessing
 import os
 import shutil
 import tempfile
 import time
-import warnings
 
 import numpy as np
-from common import DOCS, load, machine, write_doc
+from common import DOCS, load, machine, time_to_gap, write_doc
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main as cli
@@ -47,38 +45,10 @@ def problem_of(N, d, n=8, c=2, frac=0.1, seed=0):
     return problem.with_beta(frac * problem.beta_max())
 
 
-def _solve(N, d, solver, cap):
-    """The solve of :func:`timed_solve`, in the child process."""
-    problem = problem_of(N, d)
-    t = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            r = ct.solve(problem, solver, tol=TOL, refine=False, time_limit=cap)
-    except ct.CvxTransformerError as exc:
-        return dict(seconds=time.perf_counter() - t, gap=None, note=str(exc).split(";")[0][:60], rank=None)
-    except MemoryError:
-        return dict(seconds=time.perf_counter() - t, gap=None, note="out of memory", rank=None)
-    c, seconds = r.certificate, time.perf_counter() - t
-    note = "" if c.certified else r.status[:60]
-    if c.certified and seconds > cap:  # the solver's own limit does not bound CVXPY's compilation
-        note = f"certified after the {cap:g} s cap"
-    return dict(seconds=seconds, gap=c.relative_gap, rank=c.support_size, certified=c.certified and seconds <= cap,
-                note=note)
-
-
 def timed_solve(N, d, solver, cap):
-    """Build, solve and certify ``problem_of(N, d)`` in a fresh process that is killed when the
-    solve passes ``cap`` seconds of wall time: the cap covers CVXPY's compilation too, which the
-    solvers' own time limits do not bound. (A fresh process, not a fork: a fork of a process
-    whose OpenMP threads are running can deadlock.)"""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        pool.apply(time.sleep, (0,))  # the child's imports, outside the cap
-        job = pool.apply_async(_solve, (N, d, solver, cap))
-        try:
-            return job.get(timeout=cap + 10)  # + the problem's construction
-        except multiprocessing.TimeoutError:
-            return dict(seconds=cap, gap=None, note=f"stopped at the {cap:g} s cap", rank=None)
+    """Build, solve and certify ``problem_of(N, d)`` in a fresh process killed at ``cap`` seconds
+    (:func:`common.time_to_gap`)."""
+    return time_to_gap(problem_of, (N, d), solver, cap, TOL)
 
 
 def example(out_figures, steps):
@@ -168,7 +138,7 @@ def main():
     c = ex["compare"]
     lines = [
         "# Linear multi-head self-attention: the nuclear-norm program (6)", "",
-        "Sahiner et al. (*Unraveling Attention via Convex Duality*, poster in ../shared/papers/003) show that training",
+        "Sahiner et al. (*Unraveling Attention via Convex Duality*, arXiv 2205.08078; ICML 2022) show that training",
         "a linear multi-head self-attention layer with weight decay,", "",
         "    min_{W1j, W2j}  sum_i L( sum_j X_i W1j X_i^T X_i W2j , Y_i ) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)   (5)",
         "", "is the convex program", "",

@@ -1,8 +1,11 @@
-"""What every benchmark shares: a description of the machine, and writing its page of docs/."""
+"""What every benchmark shares: a description of the machine, writing its page of docs/, and the
+time to a certified gap of a solve capped in wall time in a fresh process."""
+import multiprocessing
 import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,3 +56,43 @@ def write_doc(path, lines):
     with atomic_open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {path}")
+
+
+def _time_to_gap(build, args, solver, cap, tol):
+    """The solve of :func:`time_to_gap`, in the child process."""
+    import warnings
+
+    import cvxtransformer as ct
+
+    problem = build(*args)
+    t = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = ct.solve(problem, solver, tol=tol, refine=False, time_limit=cap)
+    except ct.CvxTransformerError as exc:
+        return dict(seconds=time.perf_counter() - t, gap=None, note=str(exc).split(";")[0][:60], rank=None)
+    except MemoryError:
+        return dict(seconds=time.perf_counter() - t, gap=None, note="out of memory", rank=None)
+    c, seconds = r.certificate, time.perf_counter() - t
+    note = "" if c.certified else r.status[:60]
+    if c.certified and seconds > cap:  # the solver's own limit does not bound CVXPY's compilation
+        note = f"certified after the {cap:g} s cap"
+    return dict(seconds=seconds, gap=c.relative_gap, rank=c.support_size, certified=c.certified and seconds <= cap,
+                note=note)
+
+
+def time_to_gap(build, args, solver, cap, tol=1e-6):
+    """Seconds to a certified relative gap ``tol`` (verifier's gap, the solver's own dual point, no
+    refinement) of ``build(*args)`` by ``solver``, in a fresh process that is killed when the solve
+    passes ``cap`` seconds of wall time: the cap covers CVXPY's compilation too, which the solvers'
+    own time limits do not bound. (A fresh process, not a fork: a fork of a process whose OpenMP
+    threads are running can deadlock.) ``build`` must be importable by the child. Returns a dict:
+    seconds, gap, rank (support size), certified (within the cap), note."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.apply(os.getpid)  # the child's imports, outside the cap
+        job = pool.apply_async(_time_to_gap, (build, args, solver, cap, tol))
+        try:
+            return job.get(timeout=cap + 10)  # + the problem's construction
+        except multiprocessing.TimeoutError:
+            return dict(seconds=cap, gap=None, note=f"stopped at the {cap:g} s cap", rank=None)

@@ -3,7 +3,8 @@
 Ergen, Neyshabur & Mehta, "Convexifying Transformers" (arXiv 2211.11052): with attention rows on
 the simplex, regularized training of attention-only networks (with or without a gated-ReLU FCN)
 is a group-lasso program, (8), (10) or (12). Sahiner et al.: linear multi-head self-attention
-with weight decay is a nuclear-norm program, (6). This package builds those programs and their
+with weight decay is a nuclear-norm program, (6), and with a gated ReLU on the attention scores a
+sum of nuclear norms, one per gate ("gated_mhsa"). This package builds those programs and their
 duals, solves them, and certifies any solution.
 
 Layers (each imports only the ones below it; see docs/architecture.md):
@@ -27,15 +28,19 @@ _EXPORTS = {
     "cvxtransformer.core.regularizers": ("GroupLasso", "NuclearNorm", "Regularizer"),
     "cvxtransformer.core.programs": ("AttentionProgram", "gate_mask", "sample_gates"),
     "cvxtransformer.core.mhsa": ("LinearMHSAProgram",),
+    "cvxtransformer.core.gated_mhsa": ("GatedMHSAProgram", "attention_masks", "sample_gate_matrices"),
     "cvxtransformer.core.problem": ("ConvexProblem", "make_problem"),
     "cvxtransformer.core.certificate": ("Certificate", "dual_feasible_point", "kkt_residuals"),
-    "cvxtransformer.core.reductions": ("AttentionHeads", "LinearMHSAReduction", "MHSAHeads", "Proposition1",
+    "cvxtransformer.core.reductions": ("AttentionHeads", "GatedMHSAHeads", "GatedMHSAReduction", "LinearMHSAReduction",
+                                       "MHSAHeads", "Proposition1",
                                        "nonconvex_objective", "recover_weights"),
     "cvxtransformer.core.result": ("SolveResult",),
     "cvxtransformer.solving": ("solve",),
-    "cvxtransformer.verify": ("certify",),
+    "cvxtransformer.verify": ("NetworkCertificate", "certify", "certify_network"),
     "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
-    "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "MHSAClassifier", "MHSARegressor"),
+    "cvxtransformer.comparison": ("Comparison", "compare"),
+    "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "GatedMHSAClassifier", "GatedMHSARegressor",
+                                  "MHSAClassifier", "MHSARegressor"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -4,7 +4,9 @@ offer for the lasso.
 * :class:`AttentionRegressor`, :class:`AttentionClassifier`: the group-lasso attention programs
   (8), (10) and (12) (Ergen et al.);
 * :class:`MHSARegressor`, :class:`MHSAClassifier`: the nuclear-norm program of linear multi-head
-  self-attention (program (6) of Sahiner et al., ``"mhsa"``).
+  self-attention (program (6) of Sahiner et al., ``"mhsa"``);
+* :class:`GatedMHSARegressor`, :class:`GatedMHSAClassifier`: the gated-ReLU multi-head self-attention
+  program (a nuclear norm per gate, ``"gated_mhsa"``).
 
 ``X`` is 3-d, ``(N, n, d)``: N sequences of n tokens of dimension d (docs/conventions.md). The
 losses are summed over samples, so ``beta`` grows with N; ``beta_frac`` (beta as a fraction of
@@ -45,7 +47,9 @@ from .core.problem import make_problem, parse_program
 from .core.validation import check_array, check_choice, check_int, check_positive, check_tol
 from .solving import solve
 
-__all__ = ["AttentionClassifier", "AttentionRegressor", "MHSAClassifier", "MHSARegressor"]
+__all__ = ["AttentionClassifier", "AttentionRegressor", "GatedMHSAClassifier", "GatedMHSARegressor", "MHSAClassifier",
+           "MHSARegressor"]
+SEQUENCE_PROGRAMS = {"mhsa": "MHSARegressor or MHSAClassifier", "gated_mhsa": "GatedMHSARegressor or GatedMHSAClassifier"}
 
 
 class _ConvexEstimator(BaseEstimator):
@@ -54,11 +58,11 @@ class _ConvexEstimator(BaseEstimator):
     _programs = (8, 10, 12)  # the values the ``program`` parameter may take
 
     def _program(self):
-        if self._programs == ("mhsa",):
-            return "mhsa"
+        if len(self._programs) == 1:
+            return self._programs[0]
         program = parse_program(self.program)
-        if program == "mhsa":
-            raise invalid("program", "8, 10 or 12", "'mhsa'", "use MHSARegressor or MHSAClassifier for 'mhsa'")
+        if program in SEQUENCE_PROGRAMS:
+            raise invalid("program", "8, 10 or 12", repr(program), f"use {SEQUENCE_PROGRAMS[program]} for {program!r}")
         return program
 
     def _solve(self, X, y, loss, n_classes=None):
@@ -96,7 +100,7 @@ class _ConvexEstimator(BaseEstimator):
         X = check_array("X", X, 3, "shape (N, n, d)")
         program = self.problem_.program
         n, d = program.X.shape[1:]
-        if program.name == "mhsa":
+        if program.name in SEQUENCE_PROGRAMS:
             if X.shape[2] != d:
                 raise invalid("X", f"tokens of dimension d = {d}, as in fit", f"shape {X.shape}")
         elif X.shape[1:] != (n, d):
@@ -233,13 +237,13 @@ _ATTRIBUTES = """
     Attributes
     ----------
     coef_ : ndarray, Z in the program's shape: (n, d) for (8), (c, n, d) for (10), (h, c, n, d) for
-        (12), (d^2, dc) for "mhsa"
+        (12), (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa"
     certificate_ : Certificate recomputed by the verifier (relative gap, KKT residuals, heads...)
     dual_gap_ : float, the duality gap P(Z) - D(V) of the certificate
     n_iter_ : int, the solver's iterations (0 when beta >= beta_max: Z = 0 without a solve)
     beta_, beta_max_ : float, the beta used and beta_max of the training data
-    problem_ : the ConvexProblem solved (its program holds the gates); ``ct.recover_weights(problem_,
-        coef_)`` gives the nonconvex network's weights
+    problem_ : the ConvexProblem solved (its program holds the gates);
+        ``ct.recover_weights(problem_, coef_)`` gives the nonconvex network's weights
     solver_status_ : str, the solver's own status (reported, never trusted)
 """
 
@@ -304,3 +308,42 @@ class MHSAClassifier(_Classifier):
     def __init__(self, loss="cross_entropy", beta=None, beta_frac=None, solver="clarabel", tol=1e-6, refine="auto"):
         self.loss, self.beta, self.beta_frac, self.solver, self.tol, self.refine = \
             loss, beta, beta_frac, solver, tol, refine
+
+
+_GATE_MATRICES = """\
+    gates : int >= 1, number P of gate matrices H (P, d, d), sampled in ``fit``
+    gate_seed : int, seed of the gate matrices
+"""
+
+
+class GatedMHSARegressor(_Regressor):
+    __doc__ = """Gated-ReLU multi-head self-attention program (``"gated_mhsa"``: a nuclear norm per gate), squared loss.
+
+    Targets (N, n, c) are per token; (N,) and (N, c) are per sequence (mean-pooled output). New X
+    may have another number of tokens n.
+
+    Parameters
+    ----------
+""" + _GATE_MATRICES + _PARAMETERS + _ATTRIBUTES
+    _programs = ("gated_mhsa",)
+
+    def __init__(self, gates=8, gate_seed=0, beta=None, beta_frac=None, solver="clarabel", tol=1e-6, refine="auto"):
+        self.gates, self.gate_seed, self.beta, self.beta_frac = gates, gate_seed, beta, beta_frac
+        self.solver, self.tol, self.refine = solver, tol, refine
+
+
+class GatedMHSAClassifier(_Classifier):
+    __doc__ = """Gated-ReLU multi-head self-attention program (``"gated_mhsa"``), logistic or cross-entropy
+    loss on the mean-pooled output.
+
+    Parameters
+    ----------
+    loss : {"cross_entropy", "logistic"} (logistic: two classes)
+""" + _GATE_MATRICES + _PARAMETERS + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
+"""
+    _programs = ("gated_mhsa",)
+
+    def __init__(self, loss="cross_entropy", gates=8, gate_seed=0, beta=None, beta_frac=None, solver="clarabel",
+                 tol=1e-6, refine="auto"):
+        self.loss, self.gates, self.gate_seed, self.beta, self.beta_frac = loss, gates, gate_seed, beta, beta_frac
+        self.solver, self.tol, self.refine = solver, tol, refine

@@ -15,7 +15,7 @@ import numpy as np
 
 from .core.errors import invalid
 from .core.result import SolveResult
-from .core.validation import check_fraction, check_positive
+from .core.validation import check_array, check_fraction, check_positive, check_problem
 from .solving import solve
 
 
@@ -23,12 +23,15 @@ from .solving import solve
 class PathPoint:
     """One beta of a path.
 
+    Attributes
+    ----------
     beta : the regularization weight
     result : the certified :class:`SolveResult` at this beta
     screened : number of blocks that gap-safe screening discarded (groups, or singular directions)
     screened_mask : boolean array of those blocks (the program's group shape, or one entry per
-        singular direction in decreasing order)
-    n_blocks : total number of blocks (groups h*c*n, or min(d^2, dc) singular directions)
+        singular direction in decreasing order; one row of them per gate for "gated_mhsa")
+    n_blocks : total number of blocks (groups h*c*n, or min(d^2, dc) singular directions, P times
+        for "gated_mhsa")
     seconds : wall time of this beta (solve and verification)
     """
 
@@ -71,7 +74,8 @@ def solve_path(problem, betas=None, n_betas=10, ratio=1e-2, tol=1e-6, progress=F
         down to ``ratio * beta_max``); values are sorted in decreasing order
     tol : relative duality gap certified at every beta
     progress : print one line per beta (and the backend's progress) on stderr
-    options : passed to the torch backend (device, dtype, max_iter, time_limit, ...)
+    options : passed to the torch backend (device, dtype, max_iter, time_limit, ...); ``max_iter`` and
+        ``time_limit`` bound each point of the path
 
     Returns
     -------
@@ -86,13 +90,10 @@ def solve_path(problem, betas=None, n_betas=10, ratio=1e-2, tol=1e-6, progress=F
     >>> all(point.certified for point in path)
     True
     """
-    beta_max = problem.beta_max()
+    beta_max = check_problem(problem).beta_max()
     if betas is None:
         betas = beta_grid(beta_max, n_betas, ratio)
-    try:
-        betas = np.asarray(betas, dtype=float).ravel()
-    except (TypeError, ValueError):
-        raise invalid("betas", "a list of finite numbers > 0", repr(betas)) from None
+    betas = check_array("betas", betas, what="a list of numbers > 0", finite=False, nonempty=False).ravel()
     if betas.size == 0 or not np.all(np.isfinite(betas)) or np.any(betas <= 0):
         raise invalid("betas", "a non-empty list of finite numbers > 0", repr(betas.tolist()))
     options = dict(options, screen_norms="exact")

@@ -18,7 +18,8 @@ import numpy as np
 from .core.certificate import dual_feasible_point, scaled_residual
 from .core.problem import make_problem
 
-# Every (program, loss, target kind) that docs/conventions.md allows, on small random instances.
+# Every (program, loss, target kind) that docs/conventions.md allows, on small random instances (for
+# "gated_mhsa" each loss once, to keep the grids fast: its pooled squared case is in tests/test_gated_mhsa.py).
 CASES = [
     (8, "squared", "scalar"),
     (8, "logistic", "binary"),
@@ -33,9 +34,13 @@ CASES = [
     ("mhsa", "squared", "vector"),
     ("mhsa", "cross_entropy", "classes"),
     ("mhsa", "logistic", "binary"),
+    ("gated_mhsa", "squared", "sequence"),
+    ("gated_mhsa", "cross_entropy", "classes"),
+    ("gated_mhsa", "logistic", "binary"),
 ]
-GROUP_LASSO_CASES = [c for c in CASES if c[0] != "mhsa"]
+GROUP_LASSO_CASES = [c for c in CASES if c[0] in (8, 10, 12)]
 MHSA_CASES = [c for c in CASES if c[0] == "mhsa"]
+GATED_MHSA_CASES = [c for c in CASES if c[0] == "gated_mhsa"]
 
 
 def case_id(case):
@@ -59,7 +64,8 @@ def random_targets(kind, rng, N, n, c=3):
 
 
 def random_problem(program, loss, kind, seed=0, N=40, n=4, d=3, gates=3, frac=0.3):
-    """A random instance with beta = frac * beta_max (so the optimum is sparse, or low-rank, but nonzero)."""
+    """A random instance with beta = frac * beta_max (so the optimum is sparse, or low-rank, but nonzero);
+    ``gates``: h of program (12), P of "gated_mhsa" (sampled from ``seed``)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, n, d))
     y = random_targets(kind, rng, N, n)
@@ -120,3 +126,23 @@ def residual_gap(problem, Z):
     P, _, _, D, _ = scaled_residual(problem.loss, problem.regularizer, problem.program.forward,
                                     problem.program.adjoint, problem.T, Z)
     return (P - D) / max(1.0, abs(P))
+
+
+def write_planted_folder(folder, N, n, d, seed=0, chunk=8192):
+    """A DATA folder of float32 ``X.npy`` (N, n, d), written chunk by chunk through a memory map (it may
+    be larger than memory), and ``y.npy``: a planted teacher on a third of the tokens plus noise."""
+    import os
+
+    os.makedirs(folder, exist_ok=True)
+    X = np.lib.format.open_memmap(os.path.join(folder, "X.npy"), mode="w+", dtype=np.float32, shape=(N, n, d))
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, d)) * (rng.random((n, 1)) < 0.3)
+    y = np.empty(N)
+    for s in range(0, N, chunk):
+        rows = rng.standard_normal((min(chunk, N - s), n, d)).astype(np.float32)
+        X[s:s + len(rows)] = rows
+        y[s:s + len(rows)] = np.einsum("ikd,kd->i", rows, w) + 0.1 * rng.standard_normal(len(rows))
+    X.flush()
+    del X
+    np.save(os.path.join(folder, "y.npy"), y)
+    return folder

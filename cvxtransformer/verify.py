@@ -1,4 +1,5 @@
-"""The verifier: certify any coefficients Z, whatever produced them, as tightly as the problem allows.
+"""The verifier: certify any coefficients Z, whatever produced them, as tightly as the problem allows;
+and any nonconvex network of a covered family through the coefficients it implements (:func:`certify_network`).
 
 Everything is recomputed from Z (:mod:`cvxtransformer.core.certificate`). The dual point built
 from Z alone, ``V = s (-grad L(yhat(Z)))``, is only first-order accurate: its gap is about the
@@ -14,12 +15,15 @@ once ``g_r <= max(1e-13 max(1, |P(Z)|), 0.1 (P(Z) - P(Z_r)))``, where the report
 of ``P(Z) - P(Z_r) <= P(Z) - p*``, the true suboptimality (or at the floor, or at ``refine_time``).
 """
 import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from solvers.proxgrad import ProxGrad
 
 from .core.certificate import assemble, best_dual
-from .core.errors import InvalidInputError
-from .core.validation import check_positive, check_tol
+from .core.errors import InvalidInputError, SolverError, invalid
+from .core.validation import check_positive, check_problem, check_tol
 
 REFINE_FLOOR = 1e-13  # relative gap of the refined point below which refinement stops
 
@@ -28,7 +32,7 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
     """A dual point for ``Z`` computed by the verifier (see the module docstring).
 
     Returns ``(V, seconds, status)``: V of shape (N, n_outputs) (not yet scaled: the certificate
-    makes it feasible), the wall time, and how the refinement ended.
+    makes it feasible; None when the refinement failed), the wall time, and how the refinement ended.
     """
     start = time.perf_counter()
     P_Z = float(problem.primal_objective(Z))
@@ -37,8 +41,11 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
     def stop(primal, dual):
         return primal - dual <= max(floor * scale, 0.1 * (P_Z - primal))
 
-    out = ProxGrad().solve(problem, tol=floor, init=Z, time_limit=time_limit, max_iter=10**7, stop=stop,
-                           screen_norms="auto")
+    try:
+        out = ProxGrad().solve(problem, tol=floor, init=Z, time_limit=time_limit, max_iter=10**7, stop=stop,
+                               screen_norms="auto")
+    except SolverError as exc:  # e.g. float64 overflow: the certificate falls back on the other dual points
+        return None, time.perf_counter() - start, f"failed: {exc}"
     return out.V, time.perf_counter() - start, out.status
 
 
@@ -49,7 +56,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
     ----------
     problem : ConvexProblem, from :func:`cvxtransformer.make_problem`
     Z : ndarray of the program's shape: (n, d) for (8), (c, n, d) for (10), (h, c, n, d) for (12),
-        (d^2, dc) for "mhsa"
+        (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa"
     V : optional candidate dual point (N, n_outputs) (or (N,) with one output), e.g. a solver's
         multipliers; it is made feasible here and used only if it gives a better bound
     tol : the relative gap below which the solution is reported ``certified`` (0 < tol < 1)
@@ -72,7 +79,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
     (False, True)
     """
     tol = check_tol(tol)
-    Z = problem.program.check_Z(Z)
+    Z = check_problem(problem).program.check_Z(Z)
     candidates = {}
     if V is not None:
         candidates["given"] = problem.program.check_V(V)
@@ -87,6 +94,158 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
             refinement = (0.0, "not needed: the gap is already at " + ("tol" if refine == "auto" else "the floor"))
         else:
             V_ref, seconds, status = refine_dual(problem, Z, refine_time)
-            candidates["refined"] = V_ref
+            if V_ref is not None:
+                candidates["refined"] = V_ref
             refinement = (seconds, status)
     return assemble(problem, Z, candidates, tol, refinement)
+
+
+@dataclass
+class NetworkCertificate:
+    """How far a nonconvex network is from the global optimum of its family, certified.
+
+    Attributes
+    ----------
+    network : the network's equation: ``"(9)"``, ``"(11)"`` or ``"(5)"``
+    program : the convex program that bounds the family (8, 10, 12 or "mhsa")
+    objective : the network's own objective ``sum_i L(yhat_i, y_i) + penalty``, evaluated on the network
+    lower_bound : D(V), a certified lower bound on the objective of every network of the family on this
+        data and beta, whatever its number of heads (D(V) <= P(Z*) <= that objective)
+    gap : ``objective - lower_bound >= objective - (global optimum)``
+    relative_gap : ``gap / max(1, |objective|)``
+    heads : the network's number of heads
+    Z : the coefficients the network implements (the program's shape), ``coefficients(problem, weights)``
+    certificate : the verifier's :class:`~cvxtransformer.core.certificate.Certificate` at Z
+        (``primal_objective`` is P(Z) <= objective; its dual point gives the bound)
+    """
+
+    network: str
+    program: object
+    objective: float
+    lower_bound: float
+    gap: float
+    relative_gap: float
+    heads: int
+    Z: np.ndarray
+    certificate: object
+
+    def to_dict(self):
+        """JSON-ready dict (without Z), the certificate of Z under ``convex``."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("Z", "certificate")}
+        out["convex"] = self.certificate.to_dict()
+        return out
+
+
+SOFTMAX = ("network: softmax attention (3) is not covered: its attention depends on the input, so no convex "
+           "program bounds its objective; compare it with the convex optimum instead (cvxtransformer.compare)")
+
+
+def _weights(network):
+    """``(weights, module or None)`` from heads, a dict of arrays or one of the package's nn modules."""
+    from .core.reductions import AttentionHeads, MHSAHeads
+
+    if isinstance(network, (AttentionHeads, MHSAHeads)):
+        return network, None
+    if isinstance(network, dict):
+        keys = set(network)
+        if {"Wq", "Wk"} <= keys:
+            raise InvalidInputError(SOFTMAX)
+        if {"W1", "W2", "W3"} <= keys and keys <= {"W1", "W2", "W3", "gate", "form"}:
+            return AttentionHeads(**network), None
+        if keys in ({"W1", "W2"}, {"W1", "W2", "form"}):
+            return MHSAHeads(**network), None
+        raise invalid("network", "a dict with W1, W2, W3 (and gate) for (9)/(11), or W1, W2 for (5)",
+                      f"keys {sorted(keys)}")
+    if getattr(network, "name", None) == "softmax":
+        raise InvalidInputError(SOFTMAX)
+    if hasattr(network, "to_weights") and hasattr(network, "objective"):
+        return network.to_weights(), network
+    raise invalid("network", "AttentionHeads, MHSAHeads, a dict of their arrays, or a network of "
+                  "cvxtransformer.nn.networks (alternative (9), gated (11), linear MHSA (5))", type(network).__name__,
+                  "map your own module's parameters to the heads (see certify_network)")
+
+
+def _module_objective(module, problem, Z):
+    """The module's own objective on the problem's data; its outputs must be the program's at Z."""
+    import torch
+
+    inputs = module.encode_inputs(problem.program.X)
+    with torch.no_grad():
+        Yhat = module(*inputs)
+        expected = problem.program.forward(Z)
+        worst = (float(torch.max(torch.abs(Yhat - torch.as_tensor(expected, dtype=Yhat.dtype, device=Yhat.device))))
+                 if tuple(Yhat.shape) == expected.shape else np.inf)
+        if not worst <= 1e3 * torch.finfo(Yhat.dtype).eps * max(1.0, float(np.max(np.abs(expected)))):
+            raise invalid("network", f"outputs equal to those of {problem.program.label} at its coefficients",
+                          f"outputs of shape {tuple(Yhat.shape)} that differ by {worst:.3g}",
+                          "build the problem on the network's data, gates (U1, U2) and target layout (per token "
+                          "or pooled)")
+        T = torch.as_tensor(problem.T, dtype=Yhat.dtype, device=Yhat.device)
+        objective = float(problem.loss.value(Yhat, T) + module.penalty(problem.beta))
+    return objective
+
+
+def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
+    """Certify a nonconvex network trained anywhere: its objective, a certified lower bound on the global
+    optimum of its family, and the gap between them.
+
+    The network's coefficients ``Z = coefficients(problem, weights)`` (the reduction's forward map)
+    give outputs equal to the network's, and the verifier certifies Z (:func:`certify`, with its
+    refined dual point): its dual value D(V) is at most P(Z*), which is at most the objective of
+    every network of the family (Proposition 1 of Ergen et al. for (9)/(11), Sahiner et al. for
+    (5)), whatever its number of heads. So ``objective - D(V)`` is a certified bound on how far the
+    network is from the global optimum.
+
+    Parameters
+    ----------
+    problem : ConvexProblem whose program bounds the network's family: (8) or (10) for the alternative
+        attention network (9), (12) for the gated-ReLU network (11) (on the network's gates U1, U2),
+        "mhsa" for linear multi-head self-attention (5); on the network's training data and beta
+    network : :class:`~cvxtransformer.core.reductions.AttentionHeads` (``W1`` (m, n) attention rows on
+        the simplex, ``W2`` (m, d), ``W3`` (m, c), ``gate`` (m,) for (11)), a dict of those arrays,
+        :class:`~cvxtransformer.core.reductions.MHSAHeads` (``W1`` (m, d, d), ``W2`` (m, d, c)) or its
+        dict, or a network of :mod:`cvxtransformer.nn.networks`. Softmax attention (3) is refused:
+        the bound does not cover it (its attention depends on the input).
+    tol, refine, refine_time : as for :func:`certify`
+
+    Returns
+    -------
+    NetworkCertificate
+        The objective is the network's own, the module's ``objective`` for a module (whose outputs
+        are checked against the program's at Z), the reduction's ``objective`` (in numpy, from the
+        weights) for arrays.
+
+    Your own torch module: map its parameters to the heads. Network (9) computes
+    ``yhat_i = sum_j (w_1j^T X_i w_2j) w_3j`` with penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``:
+    stack each head's attention row (e.g. ``softmax(logits_j)``, on the simplex), value vector and
+    output vector as the rows of ``W1``, ``W2``, ``W3``. Network (5) computes
+    ``sum_j X_i W1j X_i^T X_i W2j`` with penalty ``beta/2 sum_j (||W1j||^2 + ||W2j||^2)``: a linear
+    attention head (no softmax) ``(X Wq_j)(X Wk_j)^T (X Wv_j) Wo_j`` has ``W1j = Wq_j Wk_j^T`` and
+    ``W2j = Wv_j Wo_j``. The objective certified is the family's, with that penalty, evaluated from
+    the mapped weights; if your module's penalty differs, its objective differs too (the bound
+    still holds for the family's objective).
+
+    Example
+    -------
+    >>> import numpy as np, cvxtransformer as ct
+    >>> from cvxtransformer.core.reductions import AttentionHeads
+    >>> X = np.random.default_rng(0).standard_normal((30, 4, 3))
+    >>> P = ct.make_problem(X, X[:, 1, :2], program=10, beta=1.0)
+    >>> heads = AttentionHeads(W1=np.full((2, 4), 0.25), W2=np.ones((2, 3)), W3=np.eye(2))
+    >>> cert = ct.certify_network(P, heads)
+    >>> cert.network, cert.gap >= cert.objective - ct.solve(P).certificate.primal_objective >= 0
+    ('(9)', True)
+    """
+    reduction = check_problem(problem).reduction
+    if not hasattr(reduction, "coefficients"):
+        raise invalid("problem", "a program whose reduction maps weights to coefficients", problem.program.label)
+    weights, module = _weights(network)
+    Z = reduction.coefficients(problem, weights)
+    objective = (_module_objective(module, problem, Z) if module is not None
+                 else float(reduction.objective(problem, weights)))
+    cert = certify(problem, Z, tol=tol, refine=refine, refine_time=refine_time)
+    gap = objective - cert.dual_objective
+    return NetworkCertificate(network=reduction.equations.get(problem.program.name, ""), program=problem.program.name,
+                              objective=objective, lower_bound=cert.dual_objective, gap=gap,
+                              relative_gap=gap / max(1.0, abs(objective)), heads=weights.heads, Z=Z,
+                              certificate=cert)

@@ -1,13 +1,18 @@
 """CVXPY backends: any program or its dual, built by :mod:`cvxtransformer.core.cvxpy_builders`,
-solved with Clarabel (interior point) or SCS (operator splitting)."""
+solved with Clarabel (interior point) or SCS (operator splitting).
+
+The option ``formulation`` ("auto", "compressed", "factored" or "direct") chooses how the program is
+handed to CVXPY; "auto" picks the most compact one the problem allows (the squared loss compressed to
+the size of its coefficients, whatever N), and the one used is recorded in the result. CVXPY is
+imported when one of them validates or solves a problem, not with this module (a torch solve never
+imports it).
+"""
 import time
 import warnings
 
-import cvxpy as cp
-
-from cvxtransformer.core.cvxpy_builders import BUILDERS
 from cvxtransformer.core.errors import MissingDependencyError, SolverError
 from cvxtransformer.core.result import BackendOutput
+from cvxtransformer.core.validation import check_allocation
 
 from .base import Solver
 
@@ -18,8 +23,8 @@ CVXPY_FACES = {"loss": ("cvxpy_value", "cvxpy_dual"),
 
 
 class CVXPYSolver(Solver):
-    """A conic solver called through CVXPY; ``max_iter``, ``time_limit`` and the solver's own
-    settings (by their CVXPY names) are options."""
+    """A conic solver called through CVXPY; ``formulation``, ``max_iter``, ``time_limit`` and the
+    solver's own settings (by their CVXPY names) are options."""
 
     forms = ("primal", "dual")
     requires = CVXPY_FACES
@@ -30,20 +35,38 @@ class CVXPYSolver(Solver):
         raise NotImplementedError
 
     def validate(self, problem, form, options):
-        known = set(self.translate) | set(self.settings(1e-6, {}))
+        known = set(self.translate) | set(self.settings(1e-6, {})) | {"formulation"}
         self.options = tuple(sorted(known))
         super().validate(problem, form, options)
+        import cvxpy as cp
+
+        from cvxtransformer.core.cvxpy_builders import choose_formulation
+
+        choose_formulation(problem, options.get("formulation", "auto"))
         if self.cvxpy_name not in cp.installed_solvers():
             raise MissingDependencyError(f"solver: {self.name} is not installed; pip install {self.name}")
 
-    def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
+    def solve(self, problem, form="primal", tol=1e-6, verbose=False, formulation="auto", **options):
+        import cvxpy as cp
+
+        from cvxtransformer.core.cvxpy_builders import BUILDERS, cvxpy_coefficients, estimate_cvxpy_bytes
+
         label = problem.program.label
+        check_allocation("solver", estimate_cvxpy_bytes(problem, form, self.name, formulation),
+                         f"{self.name} on the CVXPY {form} of {label} ({cvxpy_coefficients(problem, formulation):.2g} "
+                         "coefficients), which would take about",
+                         "use solver='fista' (--solver fista" + (" --form primal" if form != "primal" else "")
+                         + "), the torch backend, which never forms it")
         t0 = time.perf_counter()
-        built = BUILDERS[form](problem)
+        built = BUILDERS[form](problem, formulation)
         t1 = time.perf_counter()
+        if verbose:
+            print(f"{self.name}: the {form} of {label}, {built.formulation} formulation, built in {t1 - t0:.2f} s")
         options = {self.translate.get(k, k): v for k, v in options.items()}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            # a stack of matrices (the gated MHSA program) is canonicalised by CVXPY's SciPy backend: not news
+            warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
             try:
                 built.problem.solve(solver=self.cvxpy_name, verbose=verbose, **self.settings(tol, options))
             except cp.error.SolverError as exc:
@@ -63,7 +86,8 @@ class CVXPYSolver(Solver):
         if notes:
             status = f"{status} ({'; '.join(notes)})"
         return BackendOutput(Z=Z, V=V, status=status, build_seconds=t1 - t0, solve_seconds=t2 - t1,
-                             iterations=getattr(built.problem.solver_stats, "num_iters", None))
+                             iterations=getattr(built.problem.solver_stats, "num_iters", None),
+                             formulation=built.formulation)
 
 
 class Clarabel(CVXPYSolver):

@@ -32,6 +32,7 @@ collective; one that hangs is detected after ``timeout`` seconds. Either way the
 :class:`~cvxtransformer.core.errors.SolverError` naming the cause.
 """
 import datetime
+import hashlib
 import os
 
 import numpy as np
@@ -91,6 +92,12 @@ def collective(fn, *args, **kwargs):
                           f"answer in time ({str(exc).splitlines()[0][-160:]})") from None
 
 
+def _everywhere(exc):
+    """Mark ``exc`` as raised by every process alike (the command line prints it once, on rank 0)."""
+    exc.every_process = True
+    return exc
+
+
 def agree(fn, *args, group=None, **kwargs):
     """Run ``fn`` on every process; if it raises a :class:`CvxTransformerError` on any of them, raise
     that error (same class, naming the rank) on all of them. Returns ``fn``'s result: checks made
@@ -105,8 +112,59 @@ def agree(fn, *args, group=None, **kwargs):
     for rank, failure in enumerate(failures):
         if failure is not None:
             cls = getattr(errors, failure[0], CvxTransformerError)
-            raise cls(failure[1] + ("" if size == 1 else f" (rank {rank})"))
+            raise _everywhere(cls(failure[1] + ("" if size == 1 else f" (rank {rank})")))
     return out
+
+
+def check_same(values, fix, group=None):
+    """Check that every process holds the same ``values`` (a dict: what -> a comparable, picklable
+    value: an option, a shape, a digest); otherwise raise, on every process alike, an
+    :class:`InvalidInputError` naming the first item and the first rank that differs from rank 0,
+    with both values, and ``fix``. One all-gather, before any work."""
+    size = dist.get_world_size(group)
+    seen = [None] * size
+    collective(dist.all_gather_object, seen, list(values.items()), group=group)
+    for rank in range(1, size):
+        for (what, mine), (_, theirs) in zip(seen[0], seen[rank]):
+            if mine != theirs:
+                raise _everywhere(InvalidInputError(
+                    f"distributed: rank {rank} differs from rank 0 in {what} ({_shown(theirs)} against "
+                    f"{_shown(mine)} on rank 0); {fix}"))
+
+
+def _shown(value):
+    text = value.hex()[:12] if isinstance(value, bytes) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def digest(*arrays):
+    """A short digest of arrays (dtype, shape and bytes): equal for equal arrays, different otherwise."""
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
+PROBES = 8  # rows of each process's range whose digests every process compares
+
+
+def data_fingerprint(data, size):
+    """What every process must see alike in DATA before it reads its rows: N, the shapes and dtypes,
+    the rows of each file (the split follows them), the rows ``[start, stop)`` of every process
+    (they must tile ``[0, N)``), and digests of ``PROBES`` rows spread over every process's range,
+    read by every process: a file that differs on one machine (a stale copy, regenerated data of
+    the same shape) differs there. Data that differ only in rows no probe reads are not caught."""
+    X0, y0 = data.parts[0]
+    ranges = [data.split(size, r) for r in range(size)]
+    probes = sorted({int(i) for s, e in ranges if e > s for i in np.linspace(s, e - 1, min(PROBES, e - s))})
+    seen = {"N (rows of DATA)": data.N, "the shape of X": data.shape[1:], "the shape of y": y0.shape[1:],
+            "the dtype of X": str(X0.dtype), "the dtype of y": str(y0.dtype), "rows per file": list(data.counts),
+            "the rows of each process": ranges}
+    for i in probes:
+        seen[f"DATA row {i}"] = digest(*data.rows(i, i + 1))
+    return seen
 
 
 class Shards:
@@ -296,8 +354,14 @@ def shard_data(data, build, group=None):
     label over every shard, for the number of classes of the cross-entropy loss). Errors raised
     while building (bad values on one shard) are raised on every process. A process with no rows
     gets the problem's form from the first row of the data, and no samples.
+
+    Before any row is read, every process checks that it sees the same DATA
+    (:func:`data_fingerprint`); once built, that its program has the same gates
+    (``program.gate_arrays()``). A difference is an error on every process, naming the rank.
     """
     size, rank = dist.get_world_size(group), dist.get_rank(group)
+    check_same(data_fingerprint(data, size), "every process must read the same DATA (a stale or partial copy on "
+               "one machine?)", group)
     counts = [e - s for s, e in (data.split(size, rank=r) for r in range(size))]
     shards = Shards(counts, group)
     X, y = data.rows(shards.start, shards.stop)
@@ -311,4 +375,8 @@ def shard_data(data, build, group=None):
         X1, y1 = data.rows(0, 1)
         return _sharded(build(X1, y1, data.U1, data.U2, max_label), shards, slice(0, 0))
 
-    return shards.agree(local)
+    problem = shards.agree(local)
+    check_same({f"the gates {name} of {problem.program.label}": digest(U)
+                for name, U in problem.program.gate_arrays().items()},
+               "every process must use the same gates (the same DATA, --gates and --gate-seed)", group)
+    return problem

@@ -1,10 +1,14 @@
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
-from cvxtransformer.testing import CASES, GROUP_LASSO_CASES, MHSA_CASES, case_id, random_problem, random_targets  # noqa: F401
+from cvxtransformer.testing import (CASES, GATED_MHSA_CASES, GROUP_LASSO_CASES, MHSA_CASES,  # noqa: F401
+                                   case_id, random_problem, random_targets)
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -13,4 +17,13 @@ def _quiet_cvxpy_warnings():
     # "Solution may be inaccurate" is reported in the status, not by a warning.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+        warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
         yield
+
+
+def run_doc_examples(name):
+    """Run every ```python block of docs/``name`` as written (the docs' examples are tested)."""
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / name).read_text(), re.S)
+    assert blocks, f"docs/{name} has no python example"
+    for code in blocks:
+        exec(compile(code, f"docs/{name}", "exec"), {})

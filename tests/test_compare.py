@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from cvxtransformer.cli import main
 from cvxtransformer.datasets import student_teacher
@@ -158,3 +159,56 @@ def test_demo_reports_the_certified_gap_of_the_adam_trained_alternative_network(
     assert alt["certified_lower_bound"] == s["dual_objective"] and alt["heads"] == 24
     assert alt["certified_gap"] == pytest.approx(alt["objective"] - s["dual_objective"])
     assert alt["objective"] >= s["dual_objective"] and alt["certified_gap"] > 0
+
+
+def test_the_api_and_the_command_give_the_same_numbers_on_the_same_seed(data, capsys):
+    import cvxtransformer as ct
+
+    out = data["tmp"] / "cli"
+    code, s, _ = compare(capsys, [data["vector"], "--program", "10", "--loss", "squared", "--beta-frac", "0.2",
+                                  "--models", "alternative,gated,softmax", "--steps", "40", "--heads", "3,5",
+                                  "--gates", "2", "--seed", "3", "--out-dir", str(out)])
+    with np.load(data["vector"]) as f:
+        X, y, X_test, y_test = f["X"], f["y"], f["X_test"], f["y_test"]
+    P = ct.make_problem(X, y, program=10, loss="squared", beta=1.0)
+    result = ct.compare(P.with_beta(0.2 * P.beta_max()), models=["alternative", "gated", "softmax"], steps=40,
+                        heads=[3, 5], gates=2, seed=3, test=(X_test, y_test))
+    d = result.to_dict()
+    assert code == 0 and result.certified
+    assert set(s["models"]) == set(result.models) == {"alternative_m3", "alternative_m5", "gated_m3", "gated_m5",
+                                                      "softmax"}
+    assert s["beta"] == d["beta"] == result.problem.beta
+    for key in ("primal_objective", "dual_objective"):
+        assert s[key] == pytest.approx(d[key], rel=1e-12) and d[key] == pytest.approx(getattr(result.certificate, key))
+    for name, m in s["models"].items():
+        run = result.models[name]
+        assert run.objective == m["objective"] and run.test_loss == m["test_loss"]
+        assert run.certified_lower_bound == pytest.approx(m["certified_lower_bound"], rel=1e-12)
+        assert (run.certified_gap is None) == (m["certified_gap"] is None)
+        with np.load(out / f"{name}.npz") as f:
+            np.testing.assert_array_equal(run.curve[1], f["objective_history"])
+    assert s["labels"] == d["labels"] and d["labels"]["alternative_m5"] == "alternative (9), m = 5"
+
+
+def test_a_classifier_reports_accuracy_and_one_attention_row_per_class(tmp_path):
+    import cvxtransformer as ct
+
+    X, Y = student_teacher(N=60, n=4, d=3, c=3, heads=2, noise=0.05, seed=0)
+    y = np.argmax(Y, axis=1)
+    P = ct.make_problem(X[:45], y[:45], program=10, loss="cross_entropy", beta=1.0)
+    result = ct.compare(P.with_beta(0.2 * P.beta_max()), models="alternative,softmax", steps=30, heads=4,
+                        test=(X[45:], y[45:]))
+    run = result.models["alternative"]
+    with torch.no_grad():
+        scores = run.network(*run.network.encode_inputs(X[45:])).numpy()
+    assert run.test_accuracy == pytest.approx(np.mean(np.argmax(scores, axis=1) == y[45:]))
+    text = str(result)
+    assert "alternative (9), m = 4: lr 0.01" in text and f"test {run.test_accuracy:.4f}" in text
+    maps = result.attention_maps()
+    assert maps["alternative (9), m = 4: group norms"][0].shape == (3, 4)  # one row per class
+    assert maps["alternative (9), m = 4: group norms"][1] == "class l"
+    Z = result.solutions[10].Z
+    np.testing.assert_allclose(maps["convex (10), exact: token group norms"][0], np.linalg.norm(Z, axis=-1))
+    files = result.plot(tmp_path / "plots")
+    assert files == ["objective.png", "attention.png", "test_loss.png"]
+    assert all((tmp_path / "plots" / f).read_bytes()[:4] == b"\x89PNG" for f in files)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import cvxtransformer as ct
-from cvxtransformer.cli import compare_tune, main
+from cvxtransformer.cli import main
+from cvxtransformer.comparison import run as comparison_run
+from cvxtransformer.comparison import tuning
 from cvxtransformer.datasets import student_teacher
 
 GRID = ["--lr-grid", "0.01,0.1", "--beta-grid", "0.02,0.3"]
@@ -59,8 +61,8 @@ def loss_sum(Yhat, Y):
 
 # ----------------------------------------------------------------------------- tests
 def test_choose_takes_the_smallest_finite_validation_score():
-    assert compare_tune.choose([0.5, float("nan"), 0.2, float("inf"), 0.2]) == 2
-    assert compare_tune.choose([float("nan"), float("inf")]) == 0
+    assert tuning.choose([0.5, float("nan"), 0.2, float("inf"), 0.2]) == 2
+    assert tuning.choose([float("nan"), float("inf")]) == 0
 
 
 def test_tuned_report_is_recomputed_from_the_saved_weights_on_the_same_splits(data, capsys):
@@ -144,7 +146,7 @@ def test_no_test_number_is_computed_before_every_choice_is_made(data, capsys, mo
     until the last validation choice."""
     events = []
     X_test = data["X_test"]
-    real_choose, real_train, real_summary = compare_tune.choose, compare_tune.train_model, compare_tune.convex_summary
+    real_choose, real_train, real_summary = tuning.choose, comparison_run.Plan.train, tuning.convex_summary
 
     def is_test(split):
         return split is not None and split[0].shape == X_test.shape and np.array_equal(split[0], X_test)
@@ -153,17 +155,17 @@ def test_no_test_number_is_computed_before_every_choice_is_made(data, capsys, mo
         events.append("choose")
         return real_choose(scores)
 
-    def train_model(*args):
-        events.append("train on test" if is_test(args[-2]) else "train")
-        return real_train(*args)
+    def train_model(plan, model, problem, lr, heads, evaluation):
+        events.append("train on test" if is_test(evaluation) else "train")
+        return real_train(plan, model, problem, lr, heads, evaluation)
 
     def convex_summary(result, problem, test, val=None):
         events.append("test" if is_test(test) else "summary")
         return real_summary(result, problem, test, val)
 
-    monkeypatch.setattr(compare_tune, "choose", choose)
-    monkeypatch.setattr(compare_tune, "train_model", train_model)
-    monkeypatch.setattr(compare_tune, "convex_summary", convex_summary)
+    monkeypatch.setattr(tuning, "choose", choose)
+    monkeypatch.setattr(comparison_run.Plan, "train", train_model)
+    monkeypatch.setattr(tuning, "convex_summary", convex_summary)
     compare(capsys, data, data["tmp"] / "run")
     last_choice = max(i for i, e in enumerate(events) if e == "choose")
     assert events.count("choose") == 4 and events.count("train") == 12  # 3 models x 4 points, 1 exact program
@@ -238,4 +240,5 @@ def test_tuning_user_errors_exit_2_with_one_line_and_write_nothing(data, capsys,
 def test_the_convex_model_needs_a_group_lasso_program(data, capsys):
     assert main(["compare", data["path"], "--program", "mhsa", "--loss", "squared", "--beta", "1", "--models", "convex",
                  "--out-dir", str(data["tmp"] / "never")]) == 2
-    assert "--models: expected linear_mhsa or softmax with --program mhsa" in capsys.readouterr().err
+    assert "--models: expected softmax or linear_mhsa with program (mhsa), got 'convex'; convex joins programs 8, 10, " \
+           "12" in capsys.readouterr().err

@@ -94,11 +94,15 @@ def test_grok_suite_quick(tmp_path, capsys):
     assert s["claims"]["mod97_second_layer_helps_convex"] is None          # p = 97, L = 2 not run
 
 
-def test_kernel_quick(tmp_path):
+def test_kernel_quick(tmp_path, capsys):
     out = str(tmp_path / "kernel")
     assert main(["kernel", "--quick", "--out-dir", out]) == 0
+    printed = capsys.readouterr().out.splitlines()
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
+    assert s["claims"]["decided"] is False and "decides nothing" in s["note"]  # a quick run says so
+    at = printed.index(json.dumps(s["claims"]))
+    assert printed[at + 1] == f"note: {s['note']}"
     assert [r["name"] for r in s["rows"]] == ["convex", "convex_kernel", "standard"]
     assert s["rows"][1]["kernel_features"] == 16 and s["rows"][0]["task"] == "periodicity"
     assert s["claims"]["kernel_helps"] in (True, False, None)

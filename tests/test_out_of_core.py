@@ -17,6 +17,7 @@ from cvxtransformer.core.data import StreamedRows, open_data, split_rows, storag
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.programs import AttentionProgram, sample_gates
 from cvxtransformer.core.mhsa import LinearMHSAProgram
+from cvxtransformer.testing import write_planted_folder
 
 from conftest import cuda
 
@@ -210,17 +211,19 @@ MEMORY_SCRIPT = textwrap.dedent("""
     def vm_data():
         return int(re.search(r"VmData:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
 
-    folder, limit = sys.argv[1], int(sys.argv[2])
+    folder, limit, solver, loss = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     rng = np.random.default_rng(0)  # every code path once on a small problem (imports, first buffers)
     Xs = rng.standard_normal((200, 4, 3))
-    small = ct.make_problem(Xs, Xs[:, 0, 0], program=8, beta=1.0)
-    ct.solve(small.with_beta(0.2 * small.beta_max()), "fista")
+    small = ct.make_problem(Xs, Xs[:, 0, 0] if loss == "squared" else np.sign(Xs[:, 0, 0]), program=8, loss=loss,
+                            beta=1.0)
+    ct.solve(small.with_beta(0.2 * small.beta_max()), solver)
     a = np.ones((300, 300)); a @ a
     resource.setrlimit(resource.RLIMIT_DATA, (vm_data() + limit, resource.RLIM_INFINITY))
     X, y = open_data(folder).rows()
-    problem = ct.make_problem(X, y, program=8, loss="squared", beta=1.0)
-    result = ct.solve(problem.with_beta(0.1 * problem.beta_max()), "fista", tol=1e-8)
-    print("solved", X.nbytes, result.certified, result.certificate.relative_gap)
+    y = y if loss == "squared" else np.where(y > 0, 1.0, -1.0)
+    problem = ct.make_problem(X, y, program=8, loss=loss, beta=1.0)
+    result = ct.solve(problem.with_beta(0.1 * problem.beta_max()), solver, tol=1e-8)
+    print("solved", X.nbytes, result.certified, result.certificate.relative_gap, result.formulation)
     try:
         np.load(os.path.join(folder, "X.npy"))  # the control: the data itself does not fit under the limit
         print("control loaded")
@@ -229,33 +232,33 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+def write_big_folder(folder, limit, n=16, d=32):
+    """A DATA folder whose float32 X.npy (N, n, d) is four times ``limit`` bytes, with the targets of a
+    sparse linear teacher; written chunk by chunk (never whole in memory)."""
+    write_planted_folder(folder, 4 * limit // (n * d * 4), n, d)
+    assert os.path.getsize(folder / "X.npy") >= 4 * limit
+    return folder
+
+
+def solve_under_memory_limit(folder, limit, solver, loss="squared"):
+    """Solve program (8) with ``loss`` on the DATA ``folder`` with ``solver`` in a fresh process whose
+    private memory is bounded by ``limit`` bytes (``RLIMIT_DATA``); returns its (solved, control) lines."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(limit), solver, loss],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.strip().splitlines()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap'd memory on Linux only")
-def test_a_memory_map_four_times_the_memory_limit_is_solved_and_certified(tmp_path):
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_a_memory_map_four_times_the_memory_limit_is_solved_and_certified(tmp_path, loss):
     """``RLIMIT_DATA`` bounds every private allocation of the process after the limit is set (numpy,
     torch, malloc); a read-only memory map is page cache the kernel may drop, so it is not counted. The
     data file is four times the limit, and loading it whole under the limit fails (the control)."""
     limit = 80 * 2**20
-    N, n, d = 4 * limit // (16 * 32 * 4), 16, 32
-    folder = tmp_path / "big"
-    folder.mkdir()
-    X = np.lib.format.open_memmap(folder / "X.npy", mode="w+", dtype=np.float32, shape=(N, n, d))
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((n, d)) * (rng.random((n, 1)) < 0.3)
-    y = np.empty(N)
-    for s in range(0, N, 8192):
-        chunk = rng.standard_normal((min(8192, N - s), n, d)).astype(np.float32)
-        X[s:s + len(chunk)] = chunk
-        y[s:s + len(chunk)] = np.einsum("ikd,kd->i", chunk, w) + 0.1 * rng.standard_normal(len(chunk))
-    X.flush()
-    del X
-    np.save(folder / "y.npy", y)
-    assert os.path.getsize(folder / "X.npy") >= 4 * limit
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(limit)], capture_output=True,
-                         text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    solved, control = run.stdout.strip().splitlines()
-    _, nbytes, certified, gap = solved.split()
+    solved, control = solve_under_memory_limit(write_big_folder(tmp_path / "big", limit), limit, "fista", loss)
+    _, nbytes, certified, gap, _ = solved.split()
     assert int(nbytes) >= 4 * limit and certified == "True" and float(gap) <= 1e-8
     assert control == "control MemoryError"
 

@@ -308,7 +308,8 @@ def test_a_corrupt_npz_never_suggests_unpickling(tmp_path, capsys, data):
         message = str(info.value)
         assert "pickle" not in message.lower(), (name, message)
         assert re.match(r"DATA: '.*' (is not a readable \.npz file \((corrupt or not in the \.npz format|it holds "
-                        r"object arrays, which are not loaded)\); write it with numpy\.savez|has no array 'X' \(it "
+                        r"object arrays, which are not loaded|it is empty|not in the \.npz format: it looks like "
+                        r"another binary format)\); write it with numpy\.savez|has no array 'X' \(it "
                         r"holds \['notes.txt'\]\))", message), message
         code, _, err = run(capsys, ["solve", str(path), *CORE, "--beta", "1"])
         assert_one_line_error(code, err, "solve", r"DATA: .* (is not a readable \.npz file|has no array 'X')")
@@ -402,8 +403,10 @@ def test_verify_says_when_the_stored_beta_differs(tmp_path, capsys, data):
 
 def test_torch_options_only_with_fista(capsys, data):
     for option in (["--device", "cpu"], ["--dtype", "float32"], ["--progress"]):
-        code, _, err = run(capsys, ["solve", data["vector"], *CORE, "--beta", "1", *option])
+        code, _, err = run(capsys, ["solve", data["vector"], *CORE, "--beta", "1", "--solver", "clarabel", *option])
         assert_one_line_error(code, err, "solve", rf"{option[0]}: only for --solver fista, got --solver clarabel")
+    code, out, _ = run(capsys, ["solve", data["vector"], *CORE, "--beta", "1", "--dtype", "float32", "--tol", "1e-4"])
+    assert "solver fista (auto: option dtype is the torch backend's)" in out  # --solver auto, the default
 
 
 # ----------------------------------------------------------------------------- 7. one-line usage errors
@@ -488,7 +491,7 @@ def test_every_option_has_help_and_its_default_shown_once():
         assert not re.search(r"\(default[^)]*\)\s*\(default", " ".join(text.split())), (name, text)
     solve = " ".join(_subparsers()["solve"].format_help().split())
     for expected in ("8: attention-only, scalar output", "squared (real targets), logistic (labels in {-1, +1})",
-                     "primal: the program; dual: its dual", "(default: clarabel)", "(default: primal)",
+                     "primal: the program; dual: its dual", "(default: auto)", "(default: primal)",
                      "(default: 1e-06)", "fista (torch proximal gradient)"):
         assert expected in solve, expected
     assert '"fista"' in ct.solve.__doc__
@@ -525,7 +528,7 @@ def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, c
     time axes use a LogLocator, attention panels are labelled; its files follow the umask (item 4)."""
     from matplotlib.ticker import LogLocator
 
-    from cvxtransformer.cli import plots
+    from cvxtransformer.comparison import plots
 
     figures, real = {}, plots.save_figure
 
@@ -548,8 +551,8 @@ def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, c
         assert title and ylabel and xlabel == "training time (s)" and xscale == "log" and locator is LogLocator
         assert all(m in ("None", "", None) for m in markers), markers
         runs = [entry for entry in legend if not entry.startswith("convex")]
-        assert set(runs) <= {"alternative", "softmax"}
-    assert {"alternative", "softmax"} <= set(objective[0][5])
+        assert set(runs) <= {"alternative (9), m = 8", "softmax (3)"}
+    assert {"alternative (9), m = 8", "softmax (3)"} <= set(objective[0][5])
     panels = [ax for ax in figures["attention.png"] if ax[7]]
     assert len(panels) == 3 and all(title and xlabel and ylabel for title, xlabel, ylabel, *_ in panels)
     assert [p[0].split(" ")[0] for p in panels] == ["convex", "alternative", "softmax"]
@@ -560,7 +563,7 @@ def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, c
 def test_short_runs_get_log_ticks_that_do_not_overlap(monkeypatch):
     import matplotlib.pyplot as plt
 
-    from cvxtransformer.cli import plots
+    from cvxtransformer.comparison import plots
 
     kept = {}
     monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi=120: kept.setdefault("fig", fig))

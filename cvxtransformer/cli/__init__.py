@@ -2,11 +2,17 @@
 
 Exit codes: 0 success (and, for solve/verify/demo/compare, certified); 1 the run finished but the
 certificate did not reach ``--tol``; 2 a user error (one line on stderr, no traceback, no output
-file). Every command module imports only the standard library at import time, so ``--help`` is
-instant; numpy, cvxpy and torch are imported when a command runs.
+file); 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM), each with one line on stderr and no
+temporary or half-written file left. Every command module imports only the standard library at
+import time, so ``--help`` is instant; numpy, cvxpy and torch are imported when a command runs.
 """
 import argparse
+import contextlib
+import os
+import re
+import signal
 import sys
+import threading
 
 from .. import __version__
 from ..energy import command as energy
@@ -42,7 +48,14 @@ COMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``<prog>: error: <message> (see <prog> --help)``, exit code 2."""
+    """argparse with one-line errors: ``<prog>: error: <message> (see <prog> --help)``, exit code 2.
+
+    Negative numbers in scientific notation (``--tol -1e-6``) are taken as values, as ``-1`` and
+    ``-0.5`` are, so that the option's own check names what is wrong with them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -59,7 +72,9 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
         return help
 
 
-def build_parser():
+def build_parser(only=None):
+    """The parser of every command; with ``only`` (a command name), only that command's options are
+    configured (the others keep their name and help): what ``main`` needs, at a fraction of the cost."""
     parser = Parser(prog="cvxtransformer", formatter_class=Formatter, description=(
         "Convexified transformer attention: solve programs (8), (10), (12) (Ergen et al., arXiv 2211.11052) "
         "and the linear multi-head self-attention program (6) (Sahiner et al.) to global optimality, and "
@@ -68,13 +83,29 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, (configure, run, help) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help, formatter_class=Formatter)
-        configure(p)
+        if only is None or only == name:
+            configure(p)
         p.set_defaults(run=run)
     return parser
 
 
+def _stdout_closed():
+    """The reader of our output went away (``| head``): stop quietly, as Unix tools do. Later writes,
+    and the interpreter's last flush, go to /dev/null; the exit code is that of SIGPIPE (128 + 13)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured): nothing to redirect
+        pass
+    finally:
+        os.close(devnull)
+    return 141
+
+
 def main(argv=None):
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # name the command whose options these are not
@@ -82,16 +113,65 @@ def main(argv=None):
             parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
     except SystemExit as exc:  # --help, --version, or a usage error (already printed on one line)
         return exc.code
+    except BrokenPipeError:  # --help | head
+        return _stdout_closed()
     from ..core.errors import CvxTransformerError
+    from ..core.io import reading_inputs
 
     try:
-        return args.run(args)
+        with reading_inputs(), _sigterm_raises():
+            code = args.run(args)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
     except CvxTransformerError as exc:
         print(f"cvxtransformer {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print(f"cvxtransformer {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"cvxtransformer {args.command}: terminated", file=sys.stderr)
+        return 143
+    except (MemoryError, RuntimeError) as exc:  # torch's CPU allocator raises a RuntimeError
+        if isinstance(exc, RuntimeError) and "can't allocate memory" not in str(exc):
+            raise
+        print(f"cvxtransformer {args.command}: error: out of memory ({_allocation(exc)}); make the run smaller, "
+              "or see docs/reliability.md (DATA folders are streamed; --solver fista never forms the CVXPY design)",
+              file=sys.stderr)
+        return 2
+
+
+def _allocation(exc):
+    """What a failed allocation asked for, from numpy's or torch's message."""
+    found = re.search(r"allocate (\d+) bytes", str(exc)) or re.search(r"allocate ([\d.]+ [KMGTPE]?i?B)", str(exc))
+    if found is None:
+        return "an allocation failed"
+    amount = found.group(1)
+    return f"an allocation of {f'{int(amount) / 2**30:.1f} GiB' if amount.isdigit() else amount} failed"
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so that every cleanup
+    (a temporary file of core/io.py's atomic writes, a process group) runs before the exit."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While a command runs (in the main thread): SIGTERM raises :class:`Terminated`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ import argparse
 import math
 
 PROGRAM_HELP = ("8: attention-only, scalar output; 10: attention-only, c outputs; 12: attention + gated-ReLU "
-                "FCN (group lasso); mhsa: linear multi-head self-attention (nuclear norm)")
+                "FCN (group lasso); mhsa: linear multi-head self-attention (nuclear norm); gated_mhsa: gated-ReLU "
+                "multi-head self-attention (a nuclear norm per gate)")
+PROGRAMS = ("8", "10", "12", "mhsa", "gated_mhsa")
 LOSS_HELP = ("squared (real targets), logistic (labels in {-1, +1}) or cross_entropy (labels in [0, c)); "
              "summed over samples")
 
@@ -42,42 +44,83 @@ def tolerance(text):
 
 
 def program(text):
-    if text in ("8", "10", "12"):
-        return int(text)
-    if text == "mhsa":
-        return text
-    raise argparse.ArgumentTypeError(f"expected one of 8, 10, 12, mhsa, got {text!r}")
+    if text not in PROGRAMS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(PROGRAMS)}, got {text!r}")
+    return int(text) if text.isdigit() else text
 
 
 def add_problem_arguments(p, program_help=PROGRAM_HELP):
     """--program, --loss, --beta/--beta-frac, --gates, --gate-seed, --classes, --tol, --json."""
-    p.add_argument("--program", type=program, required=True, metavar="{8,10,12,mhsa}", help=program_help)
+    p.add_argument("--program", type=program, required=True, metavar="{" + ",".join(PROGRAMS) + "}", help=program_help)
     p.add_argument("--loss", choices=("squared", "logistic", "cross_entropy"), required=True, help=LOSS_HELP)
     beta = p.add_mutually_exclusive_group(required=True)
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0")
     beta.add_argument("--beta-frac", type=positive_float, metavar="F",
                       help="beta = F * beta_max of the data (0 < F < 1 gives a nonzero solution)")
     p.add_argument("--gates", type=positive_int, default=8,
-                   help="number of gates h of program (12) when DATA has no U1, U2")
-    p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates of program (12)")
+                   help="number of gates: h of program (12) when DATA has no U1, U2; P of gated_mhsa when DATA has no H")
+    p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates of program (12) or gated_mhsa")
     p.add_argument("--classes", type=positive_int, default=None,
                    help="number of classes c, cross-entropy only (default: max(y) + 1)")
     p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in (0, 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def make_problem_from(args, X, y, U1=None, U2=None, program=None):
-    """The problem of the parsed options on (X, y); validates option combinations first."""
+def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None):
+    """The problem of the parsed options on (X, y); validates option combinations first. Gates (``U1``,
+    ``U2``, ``H``, e.g. from DATA) are passed on to the programs that take them."""
     from ..core.errors import InvalidInputError
     from ..core.problem import make_problem
+    from ..core.registry import family
 
     program = args.program if program is None else program
     if args.classes is not None and args.loss != "cross_entropy":
         raise InvalidInputError(f"--classes: only for --loss cross_entropy, got --loss {args.loss}; leave it out")
-    if program != 12:
-        U1 = U2 = None
+    taken = family(program).options
+    gates = {k: v for k, v in dict(U1=U1, U2=U2, H=H).items() if k in taken}
     problem = make_problem(X, y, program=program, loss=args.loss, beta=1.0 if args.beta is None else args.beta,
-                           U1=U1, U2=U2, gates=args.gates, gate_seed=args.gate_seed, n_classes=args.classes)
+                           gates=args.gates, gate_seed=args.gate_seed, n_classes=args.classes, **gates)
     if args.beta_frac is not None:
         problem = problem.with_beta(args.beta_frac * problem.beta_max())
     return problem
+
+
+def encode_labels(y, loss, classes=None, role="y"):
+    """Class labels that are not numbers (strings, e.g. ``"a"``, ``"b"``) mapped as the estimators map
+    them: the classes sorted, class k -> k for cross_entropy, ``classes[0] -> -1``, ``classes[1] -> +1``
+    for logistic. ``classes``: the mapping of the training labels, for another split (or a stored
+    RESULT). Returns ``(y, classes)``; numeric labels without ``classes`` come back as they are, with
+    ``classes`` None."""
+    import numpy as np
+
+    from ..core.errors import InvalidInputError
+
+    y = np.asarray(y)
+    if classes is None and y.dtype.kind in "biuf":
+        return y, None
+    if loss not in ("cross_entropy", "logistic"):
+        raise InvalidInputError(f"{role}: expected numeric targets for the {loss} loss, got labels of dtype "
+                                f"{y.dtype}; class labels need --loss cross_entropy or logistic")
+    if y.ndim != 1:
+        raise InvalidInputError(f"{role}: expected one label per sample, shape (N,), got shape {y.shape}")
+    if classes is None:
+        classes, index = np.unique(y, return_inverse=True)
+    else:
+        classes = np.asarray(classes)
+        unknown = ~np.isin(y, classes)
+        if unknown.any():
+            raise InvalidInputError(f"{role}: labels {np.unique(y[unknown])[:5].tolist()} are not among the "
+                                    f"classes {classes.tolist()} of the training labels")
+        index = np.searchsorted(classes, y)
+    if loss == "logistic":
+        if len(classes) != 2:
+            raise InvalidInputError(f"{role}: expected 2 classes for the logistic loss, got {len(classes)}; "
+                                    "use --loss cross_entropy")
+        return 2 * index - 1, classes
+    return index, classes
+
+
+def class_mapping(classes, loss):
+    """How labels were mapped, e.g. ``"a -> 0, b -> 1"`` (logistic: ``"a -> -1, b -> +1"``)."""
+    codes = ["-1", "+1"] if loss == "logistic" else [str(k) for k in range(len(classes))]
+    return ", ".join(f"{c} -> {k}" for c, k in zip(classes.tolist(), codes))

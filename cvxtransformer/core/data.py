@@ -2,11 +2,12 @@
 
 ``DATA`` for the command line (and :func:`open_data` in Python) is one of
 
-* a ``.npz`` file with ``X`` and ``y`` (optionally ``U1``, ``U2``), loaded into memory;
-* a directory holding ``X.npy`` (N, n, d) and ``y.npy`` (N, ...) (optionally ``U1.npy``, ``U2.npy``):
+* a ``.npz`` file with ``X`` and ``y`` (optionally gates: ``U1``, ``U2`` of program (12), ``H`` of the
+  gated MHSA program), loaded into memory;
+* a directory holding ``X.npy`` (N, n, d) and ``y.npy`` (N, ...) (optionally ``U1.npy``, ``U2.npy``, ``H.npy``):
   ``X`` is memory-mapped, never read whole;
 * several such directories (shards; rows concatenated in the order given), or one directory whose
-  subdirectories are the shards (sorted by name).
+  subdirectories are the shards (sorted by name; every one must hold its X.npy and y.npy).
 
 A process keeps the rows it needs (:meth:`DataSet.rows`): a memory map of them when they lie in
 one file (no copy), a copy when they span several. Memory-mapped ``X`` (float64 or float32) is
@@ -31,7 +32,7 @@ import torch
 
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
-from .io import load_npz
+from .io import load_npz, record_input, why_unreadable
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
 
@@ -53,16 +54,18 @@ def split_rows(N, world, rank):
 
 
 def _npy(path, role, name):
+    record_input(path)
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise InvalidInputError(f"{role}: {os.path.dirname(path)!r} has no {name}.npy; save it with "
                                 f"np.save('{name}.npy', ...)") from None
     except (OSError, ValueError) as exc:
-        raise InvalidInputError(f"{role}: {path!r} is not a readable .npy file ({exc}); write it with "
-                                "numpy.save from a numeric array") from None
-    if a.dtype.kind not in "biuf":
-        raise InvalidInputError(f"{role}: {path!r} holds dtype {a.dtype}; expected numbers")
+        raise InvalidInputError(f"{role}: {path!r} is not a readable .npy file ({why_unreadable(path, exc, '.npy')}); "
+                                "write it with numpy.save from a numeric array") from None
+    if a.dtype.kind not in "iuf":
+        raise InvalidInputError(f"{role}: {path!r} holds dtype {a.dtype}; expected real numbers (booleans are not "
+                                "taken as 0/1, nor strings parsed)")
     return a
 
 
@@ -70,11 +73,11 @@ class DataSet:
     """X, y (and gates) of DATA, opened without reading X (see the module docstring).
 
     Attributes: ``N`` (rows in all), ``shape`` (N, n, d), ``counts`` (rows per shard), ``U1``,
-    ``U2`` (None when absent), ``in_memory`` (True for a .npz file).
+    ``U2``, ``H`` (None when absent), ``in_memory`` (True for a .npz file).
     """
 
-    def __init__(self, parts, U1=None, U2=None, in_memory=False):
-        self.parts, self.U1, self.U2, self.in_memory = parts, U1, U2, in_memory
+    def __init__(self, parts, U1=None, U2=None, in_memory=False, H=None):
+        self.parts, self.U1, self.U2, self.in_memory, self.H = parts, U1, U2, in_memory, H
         self.counts = [len(X) for X, _ in parts]
         self.N = sum(self.counts)
         self.shape = (self.N,) + parts[0][0].shape[1:]
@@ -105,6 +108,9 @@ class DataSet:
 
 
 def _shard_dirs(paths, role):
+    """The shard folders of DATA: each path that holds X.npy, or every subfolder of one that does not
+    (sorted by name; hidden ones, such as .ipynb_checkpoints, aside). A subfolder without X.npy is
+    an error naming it: a shard removed, renamed or not yet written is never dropped silently."""
     dirs = []
     for path in paths:
         path = os.fspath(path)
@@ -112,10 +118,17 @@ def _shard_dirs(paths, role):
             dirs.append(path)
         elif os.path.isdir(path):
             subs = sorted(os.path.join(path, s) for s in os.listdir(path)
-                          if os.path.isfile(os.path.join(path, s, "X.npy")))
+                          if not s.startswith(".") and os.path.isdir(os.path.join(path, s)))
             if not subs:
                 raise InvalidInputError(f"{role}: folder {path!r} holds no X.npy (nor shard folders with one); "
                                         "save X.npy and y.npy there")
+            for sub in subs:
+                if not os.path.isfile(os.path.join(sub, "X.npy")):
+                    held = sorted(os.listdir(sub))
+                    raise InvalidInputError(
+                        f"{role}: shard folder {sub!r} of {path!r} has no X.npy (it holds "
+                        f"{', '.join(held[:5]) + (', ...' if len(held) > 5 else '') if held else 'nothing'}); "
+                        "restore the shard's X.npy and y.npy, or move the folder out of DATA")
             dirs.extend(subs)
         else:
             raise InvalidInputError(f"{role}: {path!r} not found")
@@ -135,7 +148,7 @@ def open_data(paths, role="DATA"):
         raise InvalidInputError(f"{role}: expected a .npz file or data folders, got nothing")
     if len(paths) == 1 and not os.path.isdir(paths[0]):
         data = load_npz(paths[0], role, ("X", "y"))
-        return DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True)
+        return DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True, H=data.get("H"))
     parts, gates = [], {}
     for folder in _shard_dirs(paths, role):
         X = _npy(os.path.join(folder, "X.npy"), role, "X")
@@ -150,7 +163,7 @@ def open_data(paths, role="DATA"):
         if parts and (X.shape[1:] != parts[0][0].shape[1:] or y.shape[1:] != parts[0][1].shape[1:]):
             raise InvalidInputError(f"{where}: shards differ in shape: X {X.shape}, y {y.shape} against X "
                                     f"{parts[0][0].shape}, y {parts[0][1].shape} in the first shard")
-        for name in ("U1", "U2"):
+        for name in ("U1", "U2", "H"):
             path = os.path.join(folder, name + ".npy")
             if os.path.isfile(path):
                 U = np.array(_npy(path, role, name), dtype=float)
@@ -159,7 +172,7 @@ def open_data(paths, role="DATA"):
                                             "must use the same gates")
                 gates[name] = U
         parts.append((X, y))
-    return DataSet(parts, gates.get("U1"), gates.get("U2"))
+    return DataSet(parts, gates.get("U1"), gates.get("U2"), H=gates.get("H"))
 
 
 class StreamedRows:

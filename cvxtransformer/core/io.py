@@ -1,9 +1,23 @@
-"""Files: atomic writes that respect the umask, safe .npz loading, JSON.
+"""Files: atomic writes that respect the umask and never destroy an input, safe .npz loading, JSON.
 
-Every file the project writes goes through :func:`atomic_open`: the content is written to a
-temporary file in the target folder and renamed into place only when complete, so an
-interrupted or failed run never leaves a half-written file. The final file gets the mode
-an ordinary ``open(path, "w")`` would give it (``0o666`` less the umask for a new file).
+Every file the project writes goes through :func:`atomic_open`, and every output path a command
+takes is checked first by :func:`check_output_file` (or :func:`prepare_out_dir`); both rest on
+:func:`destination`, which decides where and how a path is written:
+
+* a regular file (new or existing) is written to a temporary file in its folder and renamed over
+  it only when complete, so an interrupted or failed run never leaves a half-written file; the
+  final file gets the mode an ordinary ``open(path, "w")`` would give it (``0o666`` less the
+  umask for a new file, an existing file's own mode);
+* a symbolic link is followed: its target is replaced that way, and the link stays a link;
+* a character device or a FIFO (``--out /dev/null``, a named pipe) is written directly, without
+  a temporary file (the content is composed in memory, then sent): it cannot be replaced, and
+  holds no old content to protect;
+* refused, by name: an existing file without write permission (the user's decision, whoever
+  runs the command, root included), a folder, any other kind of file, and any file the running
+  command has read as input (by inode: a hard link, a symlink or another spelling of DATA,
+  RESULT or a shard's ``X.npy`` is the same file). The command line runs each command inside
+  :func:`reading_inputs`; the readers (:func:`load_npz`, the DATA folders of :mod:`.data`) note
+  what they read with :func:`record_input`.
 """
 import contextlib
 import json
@@ -11,10 +25,32 @@ import math
 import os
 import stat
 import tempfile
+from io import BytesIO, StringIO
 
 import numpy as np
 
 from .errors import InvalidInputError
+
+_INPUTS = []  # while a command runs (reading_inputs): one dict {(st_dev, st_ino): path} of the files it read
+
+
+@contextlib.contextmanager
+def reading_inputs():
+    """Within: every file noted by :func:`record_input` (the readers do) is an input of the running
+    command, which no writer of this module may replace (see the module docstring)."""
+    _INPUTS.append({})
+    try:
+        yield
+    finally:
+        _INPUTS.pop()
+
+
+def record_input(path):
+    """Note ``path`` as an input of the running command (nothing outside :func:`reading_inputs`)."""
+    if _INPUTS:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            _INPUTS[-1][(st.st_dev, st.st_ino)] = os.fspath(path)
 
 
 def _umask():
@@ -23,28 +59,68 @@ def _umask():
     return mask
 
 
+def destination(path, role):
+    """``(target, direct)``: where ``path`` is written (its real path, through symbolic links) and
+    whether directly (a character device or a FIFO) rather than by an atomic replace. Raises an
+    :class:`InvalidInputError` naming ``role`` for a path that must not be written (see the
+    module docstring)."""
+    path = os.fspath(path)
+    target = os.path.realpath(path)
+    shown = repr(path) if target == os.path.abspath(path) else f"{path!r} (a link to {target!r})"
+    try:
+        st = os.stat(target)
+    except (FileNotFoundError, NotADirectoryError):  # a new file (whether its folder exists is checked later)
+        return target, False
+    except OSError as exc:
+        raise InvalidInputError(f"{role}: cannot use {shown} ({exc.strerror or exc}); pass another path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidInputError(f"{role}: {shown} is a folder; pass a file name")
+    if _INPUTS and (st.st_dev, st.st_ino) in _INPUTS[-1]:
+        read = _INPUTS[-1][(st.st_dev, st.st_ino)]
+        same = "" if os.path.abspath(read) == os.path.abspath(path) else f" (the same file as {read!r})"
+        raise InvalidInputError(f"{role}: {shown} is an input of this command{same}; writing it would destroy "
+                                "it: pass another path")
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        return target, True
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInputError(f"{role}: {shown} is not a regular file, a character device or a FIFO; "
+                                "pass a file name")
+    if not os.access(target, os.W_OK) or not st.st_mode & 0o222:  # root passes access(): the bits decide
+        raise InvalidInputError(f"{role}: {shown} is read-only; make it writable (chmod u+w) or pass another path")
+    return target, False
+
+
 @contextlib.contextmanager
-def atomic_open(path, mode="wb"):
-    """Open a temporary file beside ``path``; on success it replaces ``path``.
+def atomic_open(path, mode="wb", role=None):
+    """Open ``path`` for writing as :func:`destination` decides: a temporary file beside the
+    target that replaces it on success (for a device or FIFO: the path itself).
 
     The file gets the mode ``open(path, "w")`` would give it: an existing file's own mode, else
-    ``0o666`` less the umask. On any failure the temporary file is removed and ``path`` is left
-    as it was; a failure of the file system (no such folder, permission denied, disk full) is an
-    :class:`InvalidInputError` naming ``path``.
+    ``0o666`` less the umask. On any failure or interruption (an exception, Ctrl-C, a SIGTERM
+    turned into an exception by the command line) the temporary file is removed and ``path`` is
+    left as it was; a failure of the file system (no such folder, permission denied, disk full)
+    is an :class:`InvalidInputError` naming ``path`` (refusals name ``role``, default "output").
     """
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
+    target, direct = destination(path, role or "output")
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+        if direct:  # composed in memory (writers such as zipfile seek, which a device or pipe cannot), then sent
+            buffer = BytesIO() if "b" in mode else StringIO()
+            yield buffer
+            with open(target, mode) as f:
+                f.write(buffer.getvalue())
+            return
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix="." + os.path.basename(target) + ".",
+                                   suffix=".tmp")
         with os.fdopen(fd, mode) as f:
             yield f
         try:
-            permissions = stat.S_IMODE(os.stat(path).st_mode)
+            permissions = stat.S_IMODE(os.stat(target).st_mode)
         except FileNotFoundError:
             permissions = 0o666 & ~_umask()
         os.chmod(tmp, permissions)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as exc:
         _remove(tmp)
         raise InvalidInputError(f"cannot write {path!r} ({exc.strerror or exc}); pass a writable location "
@@ -104,12 +180,32 @@ def save_figure(fig, path, dpi=120):
         plt.close(fig)
 
 
+def why_unreadable(path, exc, kind):
+    """Why numpy could not read ``path`` as a ``kind`` (".npy" or ".npz") file, from its first bytes:
+    object arrays, damage, or another format (a text file...). numpy's own message is never
+    repeated: it advises unpickling, which would run code from the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError as error:
+        return f"it cannot be read: {error.strerror or error}"
+    if not head:
+        return "it is empty"
+    if head.startswith((b"PK", b"\x93NUMPY")):  # a zip archive (.npz) or an .npy header
+        objects = "allow_pickle" in str(exc) or "Python objects" in str(exc)
+        return "it holds object arrays, which are not loaded" if objects else f"corrupt or not in the {kind} format"
+    text = head.decode("utf-8", "replace")
+    looks = "a text file" if all(c.isprintable() or c.isspace() for c in text) else "another binary format"
+    return f"not in the {kind} format: it looks like {looks}"
+
+
 def load_npz(path, role, required=()):
     """The arrays of a .npz file as a dict. Object arrays are refused (never unpickled).
 
     ``role`` names the file in messages (``"DATA"``, ``"RESULT"``); ``required`` lists the
     arrays it must hold.
     """
+    record_input(path)
     try:
         with np.load(path, allow_pickle=False) as f:
             data = {k: f[k] for k in f.files}
@@ -120,11 +216,9 @@ def load_npz(path, role, required=()):
     except PermissionError:
         raise InvalidInputError(f"{role}: {os.fspath(path)!r} cannot be read (permission denied)") from None
     except Exception as exc:  # noqa: BLE001 - any failure to parse the file is the file's fault
-        # numpy's own message for object arrays suggests allow_pickle=True: never repeat that advice
-        why = "it holds object arrays, which are not loaded" if "allow_pickle" in str(exc) else \
-            "corrupt or not in the .npz format"
-        raise InvalidInputError(f"{role}: {os.fspath(path)!r} is not a readable .npz file ({why}); "
-                                "write it with numpy.savez from numeric arrays") from None
+        raise InvalidInputError(f"{role}: {os.fspath(path)!r} is not a readable .npz file "
+                                f"({why_unreadable(path, exc, '.npz')}); write it with numpy.savez from numeric "
+                                "arrays") from None
     missing = [k for k in required if k not in data]
     if missing:
         raise InvalidInputError(f"{role}: {os.fspath(path)!r} has no array {missing[0]!r} (it holds "
@@ -133,12 +227,15 @@ def load_npz(path, role, required=()):
 
 
 def check_output_file(path, role):
-    """Check, before any work, that ``path`` can be written: its folder exists and a file can be
-    created in it (tried, not inferred from permission bits), and ``path`` is not a folder."""
+    """Check, before any work, that ``path`` can be written (:func:`destination`: not an input of
+    the running command, not read-only, not a folder) and, for a file to be created or replaced,
+    that its folder exists and a file can be created in it (tried, not inferred from permission
+    bits). Returns ``path``."""
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise InvalidInputError(f"{role}: {path!r} is a folder; pass a file name")
+    target, direct = destination(path, role)
+    if direct:
+        return path
+    folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         if os.path.exists(folder):
             raise InvalidInputError(f"{role}: {folder!r} is a file, not a folder; pass another path")

@@ -29,14 +29,52 @@ Example
 >>> round(loss.value(np.zeros((2, 1)), T), 6)   # 2 log 2
 1.386294
 """
+import functools
 import math
 
-import cvxpy as cp
 import numpy as np
 import torch
 
 from .arrays import F64, numpy_face, to_numpy, to_tensor
 from .errors import invalid
+from .validation import check_allocation, check_int
+
+
+ROWS = 2**16  # entries of a chunk of rows in the losses' sums and maps: their temporaries stay ~1 MB
+
+
+def _step(A):
+    return max(1, ROWS // max(1, A[:1].numel()))
+
+
+def summed_by_rows(method):
+    """A method ``(A, T, *args) -> sum over samples`` evaluated on chunks of rows and summed: its
+    temporaries stay a chunk's size, whatever N (so that the iterate's per-sample state is the only
+    memory that grows with N)."""
+    @functools.wraps(method)
+    def wrapper(self, A, T, *args, **kwargs):
+        step = _step(A)
+        if len(A) <= step:
+            return method(self, A, T, *args, **kwargs)
+        return sum(method(self, A[s:s + step], T[s:s + step], *args, **kwargs) for s in range(0, len(A), step))
+
+    return wrapper
+
+
+def mapped_by_rows(method):
+    """A method ``(A, T) -> per-sample rows`` (same shape as A) filled chunk by chunk into one output:
+    the output is the only allocation that grows with N."""
+    @functools.wraps(method)
+    def wrapper(self, A, T):
+        step = _step(A)
+        if len(A) <= step:
+            return method(self, A, T)
+        out = torch.empty_like(A)
+        for s in range(0, len(A), step):
+            out[s:s + step] = method(self, A[s:s + step], T[s:s + step])
+        return out
+
+    return wrapper
 
 
 def _simplex(P):
@@ -109,6 +147,7 @@ class SquaredLoss(Loss):
         raise invalid("y", "shape (N,), (N, c) or (N, n, c) for the squared loss", f"shape {y.shape}")
 
     @numpy_face
+    @summed_by_rows
     def value(self, Yhat, T):
         r = Yhat - T
         return 0.5 * torch.sum(r * r, dtype=F64)
@@ -118,6 +157,7 @@ class SquaredLoss(Loss):
         return T - Yhat
 
     @numpy_face
+    @summed_by_rows
     def dual_objective(self, V, T, scale=1.0):
         return scale * torch.sum(V * T, dtype=F64) - 0.5 * scale * scale * torch.sum(V * V, dtype=F64)
 
@@ -135,9 +175,13 @@ class SquaredLoss(Loss):
         return 2.0 * self.value(Yhat, T)
 
     def cvxpy_value(self, Yhat, T):
+        import cvxpy as cp
+
         return 0.5 * cp.sum_squares(Yhat - T)
 
     def cvxpy_dual(self, V, T):
+        import cvxpy as cp
+
         return cp.sum(cp.multiply(V, T)) - 0.5 * cp.sum_squares(V), []
 
 
@@ -159,19 +203,23 @@ class LogisticLoss(Loss):
         return y.astype(float)[:, None]
 
     @numpy_face
+    @summed_by_rows
     def value(self, Yhat, T):
         return torch.sum(torch.logaddexp(torch.zeros_like(Yhat), -T * Yhat), dtype=F64)  # exact at any margin
 
     @numpy_face
+    @mapped_by_rows
     def dual_variable(self, Yhat, T):
         return T * torch.sigmoid(-T * Yhat)
 
     @numpy_face
+    @summed_by_rows
     def dual_objective(self, V, T, scale=1.0):
         a = (scale * T) * V
         return torch.sum(torch.special.entr(a), dtype=F64) + torch.sum(torch.special.entr(1.0 - a), dtype=F64)
 
     @numpy_face
+    @mapped_by_rows
     def project_dual_domain(self, V, T):
         return T * torch.clamp(T * V, 0.0, 1.0)
 
@@ -190,9 +238,13 @@ class LogisticLoss(Loss):
         return torch.sum(torch.exp(-T * Yhat), dtype=F64)
 
     def cvxpy_value(self, Yhat, T):
+        import cvxpy as cp
+
         return cp.sum(cp.logistic(-cp.multiply(T, Yhat)))
 
     def cvxpy_dual(self, V, T):
+        import cvxpy as cp
+
         a = cp.multiply(T, V)
         return cp.sum(cp.entr(a) + cp.entr(1 - a)), []
 
@@ -213,21 +265,26 @@ class CrossEntropyLoss(Loss):
                 raise invalid("y", "integer class labels in [0, c) for the cross-entropy loss", "non-integer values")
         elif y.dtype.kind not in "iu":
             raise invalid("y", "integer class labels for the cross-entropy loss", f"dtype {y.dtype}")
-        y = y.astype(np.int64)
-        c = int(y.max()) + 1 if n_classes is None else int(n_classes)
-        if y.min() < 0 or y.max() >= c:
-            raise invalid("y", f"class labels in [0, {c})", f"labels from {y.min()} to {y.max()}",
-                          "number classes 0..c-1")
+        low, top = float(y.min()), float(y.max())  # before any conversion: labels may be beyond int64
+        c = int(top) + 1 if n_classes is None else check_int("n_classes", n_classes, 1)
+        if low < 0 or top >= c:
+            raise invalid("y", f"class labels in [0, {c})", f"labels from {low:g} to {top:g}", "number classes 0..c-1")
         if c < 2:
             raise invalid("y", "at least 2 classes for the cross-entropy loss", f"{c} class",
                           "pass n_classes or use the logistic/squared loss")
-        return np.eye(c)[y]
+        check_allocation("y", 8.0 * len(y) * c, f"one-hot targets of {len(y)} samples x {c} classes, which take",
+                         "number the classes 0..c-1 (c is the largest label + 1, or n_classes / --classes)")
+        T = np.zeros((len(y), c))
+        T[np.arange(len(y)), y.astype(np.int64)] = 1.0
+        return T
 
     @numpy_face
+    @summed_by_rows
     def value(self, Yhat, T):
         return torch.sum(torch.logsumexp(Yhat, dim=1), dtype=F64) - torch.sum(T * Yhat, dtype=F64)
 
     @numpy_face
+    @mapped_by_rows
     def dual_variable(self, Yhat, T):
         # softmax by hand: torch.softmax splits even tiny inputs across threads, which stalls
         # for milliseconds per call on a loaded CPU
@@ -235,10 +292,12 @@ class CrossEntropyLoss(Loss):
         return T - E / torch.sum(E, dim=1, keepdim=True)
 
     @numpy_face
+    @summed_by_rows
     def dual_objective(self, V, T, scale=1.0):
         return torch.sum(torch.special.entr(T - scale * V), dtype=F64)
 
     @numpy_face
+    @mapped_by_rows
     def project_dual_domain(self, V, T):
         return T - project_rows_to_simplex(T - V)
 
@@ -259,9 +318,13 @@ class CrossEntropyLoss(Loss):
         return torch.sum(torch.expm1(torch.logsumexp(Yhat, dim=1) - torch.sum(T * Yhat, dim=1)), dtype=F64)
 
     def cvxpy_value(self, Yhat, T):
+        import cvxpy as cp
+
         return cp.sum(cp.log_sum_exp(Yhat, axis=1)) - cp.sum(cp.multiply(T, Yhat))
 
     def cvxpy_dual(self, V, T):
+        import cvxpy as cp
+
         return cp.sum(cp.entr(T - V)), [cp.sum(V, axis=1) == 0]
 
 

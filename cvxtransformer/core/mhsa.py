@@ -33,39 +33,64 @@ from .programs import CHUNK_BYTES, Program
 from .regularizers import NuclearNorm
 
 EXACT_NORM_FEATURES = 1000  # the operator norm is computed exactly up to d^3 = this
+EXACT_NORM_BYTES = 2**28      # ... and while the d^3 x d^3 Gram matrices of every gate fit in this
 
 
 def _blocks_to_kl(Z, d, c):
-    """Z (d^2, dc) in ((k,a), (l,b)) -> ((k,l), (a,b))."""
-    return Z.reshape(d, d, d, c).permute(0, 2, 1, 3).reshape(d * d, d * c)
+    """Z (P, d^2, dc) in ((k,a), (l,b)), one matrix per gate -> (d^2, P d c) in ((k,l), (g,a,b))."""
+    P = Z.shape[0]
+    return Z.reshape(P, d, d, d, c).permute(1, 3, 0, 2, 4).reshape(d * d, P * d * c)
 
 
 def _kl_to_blocks(S, d, c):
-    """((k,l), (a,b)) -> ((k,a), (l,b)), shape (d^2, dc)."""
-    return S.reshape(d, d, d, c).permute(0, 2, 1, 3).reshape(d * d, d * c)
+    """(d^2, P d c) in ((k,l), (g,a,b)) -> (P, d^2, dc) in ((k,a), (l,b))."""
+    P = S.shape[1] // (d * c)
+    return S.reshape(d, d, P, d, c).permute(2, 0, 3, 1, 4).reshape(P, d * d, d * c)
 
 
 class MHSAOperator:
-    """The map ``Z -> Yhat`` of program (6) in torch, by chunks of samples.
+    """The map ``Z -> Yhat`` of program (6) in torch, by chunks of samples; with gates (the subclass
+    :class:`~.gated_mhsa.GatedMHSAOperator`) that of the gated-ReLU program, whose case of one gate
+    open everywhere program (6) is.
+
+    Gate g maps its coefficients ``Z_g`` (d^2, dc) to
+
+        Yhat_i[t] += x_it^T sum_s D_g(X_i)[t, s] M_{i,s},     M_{i,s} = sum_{k,l} K_{i,s}[k, l] Z_g^{(k,l)}  (d x c)
+
+    with the key features ``K_{i,s} = x_is x_is^T``. With no mask (program (6)) the keys are summed
+    first: one key per sample, ``K_i = G_i = X_i^T X_i``, and ``Yhat_i = R_i M_i`` with ``R_i = X_i``, or
+    its mean over tokens for pooled outputs. One product ``K Z`` serves every gate (Z rearranged to
+    ``((k,l), (g,a,b))``); the masks and the readout are batched products.
 
     ``X`` (N, n, d) in the op's dtype on its storage device (or streamed, :mod:`.data`); ``pooled``:
     mean-pooled output; ``c``: outputs per token; ``shards``: None, or the data shards of a
     distributed solve (``adjoint`` and the norms are then summed over them). Coefficients are
-    (d^2, dc) tensors; outputs (N, n*c) or (N, c).
+    (d^2, dc) tensors (gated: (P, d^2, dc)); outputs (N, n*c) or (N, c).
     """
+
+    gates = 1  # coefficient matrices (one per gate)
 
     def __init__(self, X, pooled, c, device, chunk=None, shards=None):
         self.X, self.pooled, self.c, self.device, self.shards = X, pooled, c, device, shards
         self.N, self.n, self.d = X.shape
         self.dtype = X.dtype
-        d = self.d
-        self.shape = (d * d, d * c)
         self.n_outputs = c if pooled else self.n * c
+        self.chunk_arg = chunk
         if chunk is None:
-            row = X.element_size() * (self.n * d + 2 * d * d + 2 * d * c + self.n_outputs)
-            chunk = max(256, int(CHUNK_BYTES // row))
+            chunk = max(256, int(CHUNK_BYTES // (X.element_size() * self._row_elements())))
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
+        self._formed = None
+
+    @property
+    def shape(self):
+        """Shape of the coefficients: (d^2, dc)."""
+        return (self.d ** 2, self.d * self.c)
+
+    def _row_elements(self):
+        """Temporaries per sample of a chunk, in elements."""
+        d, c = self.d, self.c
+        return self.n * d + 2 * d * d + 2 * d * c + self.n_outputs
 
     @property
     def N_total(self):
@@ -78,85 +103,163 @@ class MHSAOperator:
         return not isinstance(self.X, torch.Tensor) or self.X.device != self.device
 
     def _data(self, s, e):
-        """(X rows on the device, G_i flattened (rows, d^2), the readout rows P X_i)."""
+        """(X rows (r, n, d) on the device, key features K (r, m, d^2), masks (r, n, P*m) or None) of the
+        samples s:e; formed once when all the data is one chunk on the device (a few MB at most)."""
+        if len(self.bounds) > 1 or self.streams:
+            return self._form(s, e)
+        if self._formed is None:
+            self._formed = self._form(s, e)
+        return self._formed
+
+    def _form(self, s, e):
+        """:meth:`_data`, formed: here one key per sample, ``G_i``, and no mask."""
         Xc = self.X[s:e].to(self.device, non_blocking=True)
-        G = (Xc.transpose(1, 2) @ Xc).reshape(e - s, -1)
-        R = Xc.mean(dim=1, keepdim=True) if self.pooled else Xc
-        return G, R
+        return Xc, (Xc.transpose(1, 2) @ Xc).reshape(e - s, 1, -1), None
+
+    def _outputs(self, Xc, K, D, Zkl):
+        """``Yhat`` of a chunk (r, n_outputs) from its data and Z in ((k,l), (g,a,b)) layout."""
+        r, m = K.shape[:2]
+        d, c = self.d, self.c
+        M = K.reshape(r * m, d * d) @ Zkl  # (r*m, P*d*c)
+        if D is None:
+            R = Xc.mean(dim=1, keepdim=True) if self.pooled else Xc
+            return (R @ M.view(r, d, c)).reshape(r, -1)
+        M = M.view(r, m, -1, d * c).transpose(1, 2).reshape(r, -1, d * c)  # (r, P*m, dc)
+        Y = (Xc.reshape(-1, 1, d) @ (D @ M).view(-1, d, c)).view(r, self.n, c)
+        return Y.mean(dim=1) if self.pooled else Y.reshape(r, -1)
+
+    def _readin(self, Xc, K, D, Vc):
+        """The chunk's ``K^T Q`` summand of ``A^T V`` in ((k,l), (g,a,b)) layout (d^2, P*d*c)."""
+        r, m = K.shape[:2]
+        d, c, n = self.d, self.c, self.n
+        if D is None:
+            R = Xc.mean(dim=1, keepdim=True) if self.pooled else Xc
+            Q = (R.transpose(1, 2) @ Vc.reshape(r, R.shape[1], c)).reshape(r, d * c)
+        else:
+            Vt = (Vc / n)[:, None, :].expand(r, n, c) if self.pooled else Vc.view(r, n, c)
+            B = (Xc[:, :, :, None] * Vt[:, :, None, :]).reshape(r, n, d * c)
+            Q = (D.transpose(1, 2) @ B).view(r, -1, m, d * c).transpose(1, 2).reshape(r * m, -1)
+        return K.reshape(r * m, d * d).T @ Q
+
+    def _coefficients(self, Z):
+        return _blocks_to_kl(Z.reshape(-1, self.d * self.d, self.d * self.c), self.d, self.c)
+
+    def _result(self, S):
+        if self.shards is not None:
+            self.shards.sum_(S)
+        return _kl_to_blocks(S, self.d, self.c).reshape(self.shape)
 
     def forward(self, Z):
-        d, c = self.d, self.c
-        Zkl = _blocks_to_kl(Z, d, c)
+        Zkl = self._coefficients(Z)
         out = torch.empty(self.N, self.n_outputs, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
-            G, R = self._data(s, e)
-            M = (G @ Zkl).view(e - s, d, c)
-            out[s:e] = (R @ M).reshape(e - s, -1)
+            out[s:e] = self._outputs(*self._data(s, e), Zkl)
         return out
 
     def adjoint(self, V):
-        d, c = self.d, self.c
-        S = torch.zeros(d * d, d * c, dtype=self.dtype, device=self.device)
-        rows_out = 1 if self.pooled else self.n
+        S = torch.zeros(self.d ** 2, self.gates * self.d * self.c, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
-            G, R = self._data(s, e)
-            RV = R.transpose(1, 2) @ V[s:e].reshape(e - s, rows_out, c)  # (rows, d, c)
-            S.addmm_(G.T, RV.reshape(e - s, d * c))
-        if self.shards is not None:
-            self.shards.sum_(S)
-        return _kl_to_blocks(S, d, c)
+            S += self._readin(*self._data(s, e), V[s:e])
+        return self._result(S)
 
     def forward_adjoint(self, Z, dual):
         """``Yhat = A Z``, ``V = dual(Yhat[s:e], s, e)`` and ``A^T V`` in one pass over the data."""
-        d, c = self.d, self.c
-        Zkl = _blocks_to_kl(Z, d, c)
+        Zkl = self._coefficients(Z)
         out = torch.empty(self.N, self.n_outputs, dtype=self.dtype, device=self.device)
         V = torch.empty_like(out)
-        S = torch.zeros(d * d, d * c, dtype=self.dtype, device=self.device)
-        rows_out = 1 if self.pooled else self.n
+        S = torch.zeros(self.d ** 2, self.gates * self.d * self.c, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
-            G, R = self._data(s, e)
-            out[s:e] = (R @ (G @ Zkl).view(e - s, d, c)).reshape(e - s, -1)
+            data = self._data(s, e)
+            out[s:e] = self._outputs(*data, Zkl)
             V[s:e] = dual(out[s:e], s, e)
-            RV = R.transpose(1, 2) @ V[s:e].reshape(e - s, rows_out, c)
-            S.addmm_(G.T, RV.reshape(e - s, d * c))
-        if self.shards is not None:
-            self.shards.sum_(S)
-        return out, V, _kl_to_blocks(S, d, c)
+            S += self._readin(*data, V[s:e])
+        return out, V, self._result(S)
 
-    def operator_norm_bound(self):
-        """An upper bound on ``||A||_2``, float: the smaller of the Frobenius norm of the design and
-        ``sqrt(max_i lambda_max((P X_i)^T P X_i) * lambda_max(sum_i g_i g_i^T))`` (``g_i = vec G_i``)."""
-        frob, top, GG = 0.0, 0.0, torch.zeros(self.d ** 2, self.d ** 2, dtype=F64, device=self.device)
-        for s, e in self.bounds:
-            G, R = self._data(s, e)
-            G, R = G.to(F64), R.to(F64)
+    # --- operator norms (gap-safe screening), per gate ----------------------------------------------
+    @staticmethod
+    def _query_grams(K, D, g):
+        """The Gram matrices of the queries of gate g: ``G_i`` (r, 1, d^2) for every token (no mask), or
+        ``G^g_{i,t} = sum_s D_g[t, s] x_s x_s^T`` (r, n, d^2)."""
+        if D is None:
+            return K
+        m = K.shape[1]
+        return D[:, :, g * m:(g + 1) * m] @ K
+
+    def _design_rows(self, Xc, Gq):
+        """The design rows of a chunk for one gate, float64 (rows (i, t), or i pooled; columns (k, a, l)):
+        ``x_t (x) G_t``, averaged over t when pooled."""
+        r, q, d = Gq.shape[0], Gq.shape[1], self.d
+        R = Xc.mean(dim=1, keepdim=True) if self.pooled and q == 1 else Xc
+        Phi = (R.to(F64)[:, :, :, None, None] * Gq.to(F64).view(r, q, 1, d, d)).permute(0, 1, 3, 2, 4)
+        if self.pooled and q > 1:
+            Phi = Phi.mean(dim=1, keepdim=True)
+        return Phi.reshape(-1, d ** 3)
+
+    def _norm_terms(self, Xc, Gq):
+        """Of one gate's rows of a chunk (float64): ``||Phi||_F^2``, the largest ``lambda_max(R^T R)`` of
+        the readout ``R`` of one Gram matrix, and ``sum g g^T`` over its Gram matrices ``g``."""
+        Xc, Gq = Xc.to(F64), Gq.to(F64)
+        n = Xc.shape[1]
+        if Gq.shape[1] == 1:  # rows R_i (x) G_i
+            R = Xc.mean(dim=1, keepdim=True) if self.pooled else Xc
             C = R.transpose(1, 2) @ R
-            frob += float(torch.sum(torch.sum(G * G, dim=1) * torch.diagonal(C, dim1=1, dim2=2).sum(dim=1)))
-            top = max(top, float(torch.linalg.eigvalsh(C)[:, -1].max()))
-            GG += G.T @ G
-        if self.shards is not None:
-            frob = float(self.shards.sum_(torch.tensor([frob], dtype=F64)))
-            top = float(self.shards.max_(torch.tensor([top], dtype=F64)))
-            self.shards.sum_(GG)
-        lam = float(torch.linalg.eigvalsh(GG)[-1])
-        return min(frob, top * lam) ** 0.5 if self.N_total else 0.0  # ||A|| = ||Phi|| (c outputs share Phi)
+            frob = float(torch.sum(torch.sum(Gq[:, 0] ** 2, dim=1) * torch.diagonal(C, dim1=1, dim2=2).sum(dim=1)))
+            top = float(torch.linalg.eigvalsh(C)[:, -1].max())
+        elif self.pooled:  # rows 1/n sum_t x_t (x) G_t: Cauchy-Schwarz over t
+            frob = float(torch.sum((Xc @ Xc.transpose(1, 2)) * (Gq @ Gq.transpose(1, 2)))) / n ** 2
+            top = float(torch.sum(Xc ** 2, dim=(1, 2)).max()) / n ** 2
+        else:  # rows x_t (x) G_t
+            sq = torch.sum(Xc ** 2, dim=2)
+            frob = float(torch.sum(sq * torch.sum(Gq ** 2, dim=2)))
+            top = float(sq.max())
+        g = Gq.reshape(-1, self.d ** 2)
+        return frob, top, g.T @ g
 
-    def operator_norm(self):
-        """``||A||_2``: exact (eigenvalue of the d^3 x d^3 Gram matrix) when d^3 <= 1000, else
-        :meth:`operator_norm_bound`. Either is a valid upper bound for screening."""
-        d = self.d
-        if d ** 3 > EXACT_NORM_FEATURES:
-            return self.operator_norm_bound()
-        H = torch.zeros(d ** 3, d ** 3, dtype=F64, device=self.device)
+    def operator_norm_bounds(self):
+        """Upper bounds on ``||A_g||_2`` of every gate, float64 tensor (P,): the smaller of the Frobenius
+        norm of the gate's design and ``sqrt(max lambda_max(R^T R) * lambda_max(sum g g^T))`` over its
+        Gram matrices g and their readouts R (Cauchy-Schwarz)."""
+        P, d2 = self.gates, self.d ** 2
+        frob, top = torch.zeros(P, dtype=F64), torch.zeros(P, dtype=F64)
+        GG = torch.zeros(P, d2, d2, dtype=F64, device=self.device)
         for s, e in self.bounds:
-            G, R = self._data(s, e)
-            Phi = (R.to(F64)[:, :, :, None, None] * G.to(F64).view(e - s, 1, 1, d, d)).permute(0, 1, 3, 2, 4)
-            Phi = Phi.reshape(-1, d ** 3)  # rows (i, t), columns (k, a, l)
-            H += Phi.T @ Phi
+            Xc, K, D = self._data(s, e)
+            for g in range(P):
+                f, t, gg = self._norm_terms(Xc, self._query_grams(K, D, g))
+                frob[g] += f
+                top[g] = max(float(top[g]), t)
+                GG[g] += gg
+        if self.shards is not None:
+            self.shards.sum_(frob)
+            self.shards.max_(top)
+            self.shards.sum_(GG)
+        lam = torch.linalg.eigvalsh(GG)[:, -1].cpu() if self.N_total else torch.zeros(P, dtype=F64)
+        return torch.sqrt(torch.minimum(frob, top * lam).clamp_min(0.0))
+
+    def operator_norms(self):
+        """``||A_g||_2`` of every gate (float64 tensor (P,)): exact (the top eigenvalue of the d^3 x d^3
+        Gram matrix of the gate's design) when d^3 <= 1000 and those fit in 256 MB, else
+        :meth:`operator_norm_bounds`. Either is a valid upper bound for screening."""
+        d, P = self.d, self.gates
+        if d ** 3 > EXACT_NORM_FEATURES or P * d ** 6 * 8 > EXACT_NORM_BYTES:
+            return self.operator_norm_bounds()
+        H = torch.zeros(P, d ** 3, d ** 3, dtype=F64, device=self.device)
+        for s, e in self.bounds:
+            Xc, K, D = self._data(s, e)
+            for g in range(P):
+                Phi = self._design_rows(Xc, self._query_grams(K, D, g))
+                H[g] += Phi.T @ Phi
         if self.shards is not None:
             self.shards.sum_(H)
-        return float(torch.linalg.eigvalsh(H)[-1]) ** 0.5
+        return torch.sqrt(torch.linalg.eigvalsh(H)[:, -1].clamp_min(0.0)).cpu()
+
+    def operator_norm(self):
+        """``||A||_2`` (an upper bound when d^3 > 1000), float: the largest of :meth:`operator_norms`."""
+        return float(self.operator_norms().max())
+
+    def operator_norm_bound(self):
+        """An upper bound on ``||A||_2``, float (see :meth:`operator_norm_bounds`)."""
+        return float(self.operator_norm_bounds().max())
 
 
 class LinearMHSAProgram(Program):
@@ -172,6 +275,13 @@ class LinearMHSAProgram(Program):
     name = "mhsa"
     label = "program (6) (linear MHSA)"
     regularizer_class = NuclearNorm
+    degree = 3  # yhat_i = sum_kl G_i[k, l] X_i Z^(k,l) with G_i = X_i^T X_i: cubic in X
+
+    @classmethod
+    def build(cls, name, X, y, T):
+        """The program on validated data (``make_problem``): per token for targets (N, n, c), else pooled."""
+        per_token = y.ndim == 3
+        return cls(X, y.shape[2] if per_token else T.shape[1], pooled=not per_token)
 
     def __init__(self, X, c, pooled):
         super().__init__(X)
@@ -194,18 +304,55 @@ class LinearMHSAProgram(Program):
         return MHSAOperator(Xs, self.pooled, self.c, device, chunk, self.shards)
 
     def block_norms(self):
-        """``||A||_2`` (an upper bound when d^3 > 1000), cached: what the rank screening needs."""
+        """``||A_g||_2`` of each coefficient matrix (an upper bound when d^3 > 1000), shape ``shape[:-2]``
+        (one number here, one per gate for the gated program), cached: what the rank screening needs."""
         if self._norm is None:
-            self._norm = self.operator().operator_norm()
+            self._norm = self.operator().operator_norms().numpy().reshape(self.shape[:-2])
         return self._norm
 
     # --- CVXPY faces: the variable is Z itself ------------------------------------------------------
-    def design(self):
-        """Dense design ``Phi`` of shape (N*n, d^3) (rows (i, t)) or (N, d^3) (pooled), columns (k, a, l)."""
-        X = self.X
+    @property
+    def cvxpy_formulations(self):
+        """The CVXPY maps offered, preferred first (a subclass that changes the map must override this).
+        The factored form has n times fewer coefficients than the design for per-token outputs; pooled,
+        the design is already (N, d^3) and the factored form's extra variables only slow the solver."""
+        return ("direct", "factored") if self.pooled else ("factored", "direct")
+
+    def _readout(self, X):
+        """``R_i``: the tokens (rows, n, d), or their mean (rows, 1, d) when pooled."""
+        return X.mean(axis=1, keepdims=True) if self.pooled else X
+
+    def design(self, start=0, stop=None):
+        """Dense design ``Phi`` of samples ``start:stop``, shape (rows*n, d^3) (rows (i, t)) or (rows, d^3)
+        (pooled), columns (k, a, l): the map is ``design @ Z.reshape(d^3, c)``. Only those rows of X are read."""
+        X = np.asarray(self.X[start:stop], dtype=float)
         G = np.einsum("ita,itb->iab", X, X)
-        R = X.mean(axis=1, keepdims=True) if self.pooled else X
-        return np.einsum("ita,ikl->itkal", R, G).reshape(-1, self.d ** 3)
+        return np.einsum("ita,ikl->itkal", self._readout(X), G).reshape(-1, self.d ** 3)
+
+    def design_gram(self, start, stop, Y):
+        """``(Phi^T Phi, Phi^T Y)`` of the design rows of samples ``start:stop`` (``Y``: their targets, one
+        row per design row) without the design: row (i, t) is ``R_it (x) G_i``, so
+        ``Phi^T Phi[(k,a,l), (k',a',l')] = sum_i C_i[a,a'] G_i[k,l] G_i[k',l']`` with ``C_i = R_i^T R_i``, summed
+        over the d(d+1)/2 distinct entries of the symmetric ``G_i`` (2 N d^2 (d(d+1)/2)^2 operations against
+        the design's N r d^6) and ``Phi^T Y[(k,a,l), b] = sum_i G_i[k,l] (R_i^T Y_i)[a,b]``."""
+        d = self.d
+        X = np.asarray(self.X[start:stop], dtype=float)
+        R = self._readout(X)
+        rows = len(X)
+        C = np.einsum("ita,itb->iab", R, R).reshape(rows, d * d)
+        G = np.einsum("ita,itb->iab", X, X)
+        k, l = np.triu_indices(d)
+        U = G[:, k, l]  # (rows, d(d+1)/2)
+        UU = (U[:, :, None] * U[:, None, :]).reshape(rows, -1)
+        H = (C.T @ UU).reshape(d, d, len(k), len(k))  # (a, a', u, u')
+        index = np.zeros((d, d), dtype=int)
+        index[k, l] = index[l, k] = np.arange(len(k))
+        u = index[:, None, :]  # (k, 1, l): the distinct entry of (k, l)
+        H = H[np.arange(d)[None, :, None, None, None, None], np.arange(d)[None, None, None, None, :, None],
+              u[:, :, :, None, None, None], u[None, None, None]]  # (k, a, l, k', a', l')
+        RY = np.einsum("ita,itb->iab", R, Y.reshape(rows, R.shape[1], -1)).reshape(rows, -1)
+        B = np.einsum("ikl,ix->klx", G, RY).reshape(d, d, d, -1).transpose(0, 2, 1, 3)  # (k, a, l, b)
+        return H.reshape(d ** 3, d ** 3), B.reshape(d ** 3, -1)
 
     def cvxpy_variable(self):
         import cvxpy as cp
@@ -213,16 +360,67 @@ class LinearMHSAProgram(Program):
         return cp.Variable(self.shape, name="Z")
 
     def cvxpy_forward(self, Z):
+        """``Yhat`` (N, n_outputs) as a CVXPY expression: the dense design times Z."""
         import cvxpy as cp
 
-        out = self.design() @ cp.reshape(Z, (self.d ** 3, self.c), order="C")
+        out = self.design() @ cp.reshape(Z, (-1, self.c), order="C")
         return cp.reshape(out, (self.N, self.n_outputs), order="C")
 
     def cvxpy_adjoint(self, V):
+        """``A^T V`` (d^2, dc) as a CVXPY expression from V (N, n_outputs)."""
         import cvxpy as cp
 
-        rows = cp.reshape(V, (self.design().shape[0], self.c), order="C")
-        return cp.reshape(self.design().T @ rows, self.shape, order="C")
+        design = self.design()
+        rows = cp.reshape(V, (design.shape[0], self.c), order="C")
+        return cp.reshape(design.T @ rows, self.shape, order="C")
+
+    # The factored form: M = G Z_kl with G the (N, d^2) matrix of the vec G_i and Z_kl the entries of Z in
+    # ((k,l), (a,b)) order, then Yhat_i = R_i M_i. CVXPY multiplies affine factors out into one matrix,
+    # so M (and, for the adjoint, R^T V) are variables: N d^3 c + N r d c coefficients (r = n per token,
+    # 1 pooled) against the dense design's N r d^3 c.
+    def _cvxpy_kl(self, Z):
+        """A (d^2, dc) expression rearranged between ((k,a), (l,b)) and ((k,l), (a,b)) (its own inverse)."""
+        import cvxpy as cp
+
+        d, c = self.d, self.c
+        return cp.reshape(cp.transpose(cp.reshape(Z, (d, d, d, c), order="C"), axes=(0, 2, 1, 3)),
+                          (d * d, d * c), order="C")
+
+    def _factors(self):
+        """``G`` (N, d^2), the vectorised Gram matrices, and the block-diagonal readout (N*r, N*d), sparse."""
+        import scipy.sparse as sp
+
+        X = np.asarray(self.X, dtype=float)
+        R = self._readout(X)
+        r, d = R.shape[1], self.d
+        rows = np.repeat(np.arange(self.N * r), d)
+        cols = np.tile(np.arange(d), self.N * r) + np.repeat(np.arange(self.N) * d, r * d)
+        readout = sp.csr_matrix((R.ravel(), (rows, cols)), shape=(self.N * r, self.N * d))
+        return np.einsum("ita,itb->iab", X, X).reshape(self.N, d * d), readout
+
+    def cvxpy_factored_size(self):
+        """Nonzero coefficients of the factored map: N d^3 c (``G Z_kl``) + N r d c (the readout) + N d c."""
+        r = 1 if self.pooled else self.n
+        return self.N * self.d * self.c * (self.d ** 2 + r + 1)
+
+    def cvxpy_factored_forward(self, Z):
+        """``(Yhat, constraints)``: ``Yhat`` (N, n_outputs) = ``R_i M_i`` with the variable ``M == G Z_kl``."""
+        import cvxpy as cp
+
+        G, readout = self._factors()
+        M = cp.Variable((self.N, self.d * self.c), name="M")
+        out = readout @ cp.reshape(M, (self.N * self.d, self.c), order="C")
+        return cp.reshape(out, (self.N, self.n_outputs), order="C"), [M == G @ self._cvxpy_kl(Z)]
+
+    def cvxpy_factored_adjoint(self, V):
+        """``(A^T V, constraints)``: ``A^T V`` (d^2, dc) = ``G^T P`` rearranged, with the variable
+        ``P == R^T V`` (N, dc) (the readout's transpose, sample by sample)."""
+        import cvxpy as cp
+
+        G, readout = self._factors()
+        P = cp.Variable((self.N, self.d * self.c), name="P")
+        RV = readout.T @ cp.reshape(V, (readout.shape[0], self.c), order="C")
+        return self._cvxpy_kl(G.T @ P), [P == cp.reshape(RV, (self.N, self.d * self.c), order="C")]
 
     @staticmethod
     def cvxpy_blocks(Z):

@@ -4,19 +4,18 @@
     D(V) = sum_i -L*(-V_i)   subject to dual_norm(A^T V) <= beta
 
 with ``R`` the group lasso (programs (8), (10), (12)) or the nuclear norm (program (6) of
-Sahiner et al., ``"mhsa"``). :func:`make_problem` validates raw user input and is the one way in.
+Sahiner et al., ``"mhsa"``; summed over gates for ``"gated_mhsa"``). :func:`make_problem` validates
+raw user input and is the one way in; the programs it builds are looked up by name in
+:mod:`.registry`.
 """
 import numpy as np
 
 from .errors import invalid
 from .losses import get_loss
-from .mhsa import LinearMHSAProgram
-from .programs import AttentionProgram, sample_gates
-from .validation import check_array, check_beta, check_int
+from .registry import families, family
+from .validation import check_array, check_beta, check_scale
 
-PROGRAMS = (8, 10, 12, "mhsa")
-ALLOWED_LOSSES = {8: ("squared", "logistic"), 10: ("squared", "logistic", "cross_entropy"),
-                  12: ("squared", "logistic", "cross_entropy"), "mhsa": ("squared", "logistic", "cross_entropy")}
+GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
 
 
 class ConvexProblem:
@@ -24,8 +23,8 @@ class ConvexProblem:
 
     Attributes
     ----------
-    program : the linear map Z -> yhat and its adjoint (:class:`~cvxtransformer.core.programs.AttentionProgram`
-        or :class:`~cvxtransformer.core.mhsa.LinearMHSAProgram`)
+    program : the linear map Z -> yhat and its adjoint (:class:`~cvxtransformer.core.programs.AttentionProgram`,
+        :class:`~cvxtransformer.core.mhsa.LinearMHSAProgram` or :class:`~cvxtransformer.core.gated_mhsa.GatedMHSAProgram`)
     loss : :class:`~cvxtransformer.core.losses.Loss`
     T : ndarray of shape (N, n_outputs), the encoded targets
     regularizer : :class:`~cvxtransformer.core.regularizers.GroupLasso` or ``NuclearNorm``, with beta
@@ -42,10 +41,8 @@ class ConvexProblem:
     @property
     def reduction(self):
         """The reduction that pairs this program with its nonconvex network (Proposition 1, or
-        Sahiner et al.'s theorem for linear MHSA): ``invert`` recovers the network's weights."""
-        from .reductions import reduction_for
-
-        return reduction_for(self.program)
+        Sahiner et al.'s theorems for linear and gated MHSA): ``invert`` recovers the network's weights."""
+        return family(self.program.name).reduction
 
     def __repr__(self):
         p = self.program
@@ -83,29 +80,30 @@ class ConvexProblem:
 
 
 def parse_program(program):
-    """8, 10, 12 or "mhsa" from an int or a string ("8", "mhsa"); errors name the argument."""
-    if isinstance(program, str) and program.strip().isdigit():
-        program = int(program)
-    if isinstance(program, bool) or program not in PROGRAMS:
-        raise invalid("program", "one of 8, 10, 12, 'mhsa'", repr(program))
-    return program
+    """A program's name (8, 10, 12, "mhsa", "gated_mhsa") from an int or a string ("8", "mhsa"); errors
+    name the argument."""
+    return family(program).name
 
 
 def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, gates=None,
-                 gate_seed=0, n_classes=None):
-    """Validate the data and build program (8), (10), (12) or the linear MHSA program ``"mhsa"``.
+                 gate_seed=0, n_classes=None, H=None):
+    """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"`` or the
+    gated-ReLU MHSA program ``"gated_mhsa"``.
 
     Parameters
     ----------
     X : array of shape (N, n, d)
     y : targets as docs/conventions.md fixes them: ``(N,)`` for (8); ``(N, c)`` or ``(N, n, c)`` with the
         squared loss; ``(N,)`` labels in {-1, +1} (logistic) or in [0, c) (cross-entropy). For
-        ``"mhsa"``, ``(N, n, c)`` targets are per token, all others are per sequence (mean-pooled output)
-    program : 8, 10, 12 or "mhsa"
+        ``"mhsa"`` and ``"gated_mhsa"``, ``(N, n, c)`` targets are per token, all others are per
+        sequence (mean-pooled output)
+    program : 8, 10, 12, "mhsa" or "gated_mhsa" (:mod:`.registry`)
     loss : {"squared", "logistic", "cross_entropy"} or a Loss
     beta : float > 0
     U1, U2 : gate vectors (h, n) and (h, d) of program (12); sampled from ``gates`` (default 8)
         and ``gate_seed`` when not given
+    H : gate matrices (P, d, d) of ``"gated_mhsa"``; sampled from ``gates`` (default 8) and
+        ``gate_seed`` when not given
     n_classes : number of classes c for the cross-entropy loss (default ``max(y) + 1``)
 
     Example
@@ -117,21 +115,20 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     (4, 3)
     >>> make_problem(X, X[:, :, :2], program="mhsa", beta=0.5).program.shape
     (9, 6)
+    >>> make_problem(X, X[:, :, :2], program="gated_mhsa", beta=0.5, gates=2).program.shape
+    (2, 9, 6)
     """
-    program = parse_program(program)
+    fam = family(program)
+    program = fam.name
     loss = get_loss(loss)
-    if loss.name not in ALLOWED_LOSSES[program]:
-        raise invalid("loss", f"one of {ALLOWED_LOSSES[program]} for program ({program})", repr(loss.name),
+    if loss.name not in fam.losses:
+        raise invalid("loss", f"one of {fam.losses} for program ({program})", repr(loss.name),
                       "use program 10 or 12 for several outputs")
     X = check_array("X", X, 3, "shape (N, n, d)")
-    N, n, d = X.shape
-    y_arr = np.asarray(y)
+    N, n = X.shape[:2]
+    y_arr = check_array("y", y, what="targets", nonempty=False)
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
-    if y_arr.dtype.kind not in "biuf":
-        raise invalid("y", "numeric targets", f"dtype {y_arr.dtype}")
-    if y_arr.dtype.kind == "f" and not np.all(np.isfinite(y_arr)):
-        raise invalid("y", "finite values", "NaN/Inf entries", "remove or impute them")
     if y_arr.ndim == 3 and y_arr.shape[1] != n:
         raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
     if program == 8 and y_arr.ndim != 1:
@@ -139,24 +136,11 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
                       "use program 10 for vector or sequence targets")
     T = loss.encode(y_arr, n_classes)
     regularizer_beta = check_beta(beta)
-    if program != 12:
-        if U1 is not None or U2 is not None:
-            raise invalid("U1, U2", f"no gate vectors for program ({program})", "gate vectors",
-                          "use program 12 for the gated-ReLU FCN")
-        if program == "mhsa":
-            per_token = y_arr.ndim == 3
-            prog = LinearMHSAProgram(X, y_arr.shape[2] if per_token else T.shape[1], pooled=not per_token)
-        else:
-            prog = AttentionProgram(program, X, T.shape[1])
-    else:
-        if U1 is None and U2 is None:
-            U1, U2 = sample_gates(check_int("gates", 8 if gates is None else gates, 1), n, d, gate_seed)
-        elif U1 is None or U2 is None:
-            raise invalid("U1, U2", "both gate matrices or neither", "only one of them")
-        else:
-            U1 = check_array("U1", U1, 2, "shape (h, n)")
-            U2 = check_array("U2", U2, 2, "shape (h, d)")
-            if U1.shape[1] != n or U2.shape[1] != d or U1.shape[0] != U2.shape[0]:
-                raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
-        prog = AttentionProgram(12, X, T.shape[1], U1, U2)
-    return ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta))
+    options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)
+    refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
+    if refused:
+        owner = next(f.name for f in families().values() if refused[0] in f.options)
+        raise invalid(", ".join(refused), f"no {GATE_ARRAYS[refused[0]]} for program ({program})",
+                      GATE_ARRAYS[refused[0]], f"leave them out, or use program {owner!r}")
+    prog = fam.program.build(program, X, y_arr, T, **{k: options[k] for k in fam.options})
+    return check_scale(ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta)))

@@ -33,6 +33,7 @@ from .arrays import F64, device_budget, numpy_face, resolve_device, resolve_dtyp
 from .data import StreamedRows, file_backed, storage
 from .errors import invalid
 from .regularizers import GroupLasso
+from .validation import check_array, check_coefficients, check_dual_point, check_int, log10_norm, max_abs
 
 CHUNK_BYTES = 8 * 2**20  # temporaries per chunk of samples
 
@@ -73,21 +74,20 @@ class _SampleOperator:
 
 class AttentionOperator(_SampleOperator):
     """The map ``Z -> yhat`` of program (8)/(10)/(12) restricted to gates J and tokens K, in torch.
+    Coefficients are tensors of shape ``(|J|, c, |K|, d)`` (:attr:`shape`).
 
     Parameters
     ----------
     X : tensor of shape (N, n, d), every token, in the op's dtype; on ``device`` or, when it does
         not fit there, on the CPU (chunks of samples are then streamed); or a
-        :class:`~.data.StreamedRows` (a memory map read chunk by chunk)
+        :class:`~cvxtransformer.core.data.StreamedRows` (a memory map read chunk by chunk)
     K : tensor of token indices, or None for every token (no copy is ever made); the tokens K of
         a chunk of samples are gathered when the chunk is used
-    mask : tensor of shape (N, |J|) on ``device``, the gate columns J; None for (8)/(10)
+    mask : tensor of shape ``(N, |J|)`` on ``device``, the gate columns J; None for (8)/(10)
     c : outputs
     chunk : samples per chunk (None: chosen so a chunk's temporaries stay a few MB)
     shards : None (all samples are here), or the data shards of a distributed solve: ``adjoint``,
         ``gram`` and the block norms are then summed over them
-
-    Coefficients are tensors of shape ``(|J|, c, |K|, d)`` (:attr:`shape`).
     """
 
     def __init__(self, X, K, mask, c, device, chunk=None, shards=None):
@@ -141,7 +141,7 @@ class AttentionOperator(_SampleOperator):
                                  self.shards)
 
     def rows(self, s, e):
-        """Rows s:e of the data, (rows, |K|*d), on the device."""
+        """Rows s:e of the data, ``(rows, |K| d)``, on the device."""
         Xc = self.X if (s, e) == (0, self.N) and isinstance(self.X, torch.Tensor) else self.X[s:e]
         if self.K is not None:
             out = self._buffer("x", (e - s, self.nK, self.d), Xc.device)
@@ -149,7 +149,7 @@ class AttentionOperator(_SampleOperator):
         return Xc.reshape(e - s, self.F).to(self.device, non_blocking=True)
 
     def forward(self, Z):
-        """``yhat`` of shape (N, c) from ``Z`` of shape (|J|, c, |K|, d)."""
+        """``yhat`` of shape (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``."""
         W = Z.reshape(self.hJ * self.c, self.F).T
         if len(self.bounds) == 1:
             return gated_outputs(self.rows(0, self.N) @ W, self.mask, self.hJ, self.c)
@@ -160,13 +160,13 @@ class AttentionOperator(_SampleOperator):
         return out
 
     def _weights(self, V, s, e):
-        """(rows, |J|*c): ``M_ij V_il`` for the samples of a chunk."""
+        """``(rows, |J| c)``: ``M_ij V_il`` for the samples of a chunk."""
         if self.mask is None:
             return V[s:e]
         return (self.mask[s:e, :, None] * V[s:e, None, :]).reshape(e - s, self.hJ * self.c)
 
     def adjoint(self, V):
-        """``A^T V`` of shape (|J|, c, |K|, d) from ``V`` of shape (N, c)."""
+        """``A^T V`` of shape ``(|J|, c, |K|, d)`` from ``V`` of shape (N, c)."""
         G = None
         for s, e in self.bounds:
             part = self._weights(V, s, e).T @ self.rows(s, e)
@@ -256,7 +256,7 @@ class AttentionOperator(_SampleOperator):
         return self._sum_grams(weights)
 
     def block_norms(self):
-        """``||A_g||`` for every block (gate j, token k), shape (|J|, |K|), float64:
+        """``||A_g||`` for every block (gate j, token k), shape ``(|J|, |K|)``, float64:
         ``sqrt(lambda_max(sum_i M_ij x_ik x_ik^T))`` (the same for every output l)."""
         grams = torch.zeros(self.hJ, self.nK, self.d, self.d, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
@@ -270,7 +270,7 @@ class AttentionOperator(_SampleOperator):
         return torch.sqrt(torch.clamp(lam, min=0.0))
 
     def block_norm_bounds(self):
-        """The cheaper upper bounds ``||A_g||_F >= ||A_g||``, shape (|J|, |K|), float64."""
+        """The cheaper upper bounds ``||A_g||_F >= ||A_g||``, shape ``(|J|, |K|)``, float64."""
         acc = torch.zeros(self.hJ, self.nK, dtype=F64, device=self.device)
         for s, e in self.bounds:
             sq = torch.linalg.vector_norm(self.rows(s, e).view(e - s, self.nK, self.d), dim=-1).square_().to(F64)
@@ -301,7 +301,7 @@ class TokenOperator(_SampleOperator):
     tokens : int64 tensor (N, n) of token ids in [0, d)
     d : token dimension
     K : tensor of positions, or None for every position
-    mask : tensor (N, |J|) of the gate columns J, or None (programs (8)/(10))
+    mask : tensor ``(N, |J|)`` of the gate columns J, or None (programs (8)/(10))
     c : outputs
     shards : None, or the data shards of a distributed solve (as for :class:`AttentionOperator`)
     """
@@ -338,7 +338,7 @@ class TokenOperator(_SampleOperator):
         return self
 
     def forward(self, Z):
-        """``yhat`` (N, c) from ``Z`` of shape (|J|, c, |K|, d)."""
+        """``yhat`` (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``."""
         Zt = Z.permute(2, 3, 0, 1).contiguous()                                   # (|K|, d, |J|, c)
         out = torch.zeros(self.N + 1, self.c, dtype=Z.dtype, device=self.device)
         for kk, (u, rows, Mg) in enumerate(self.groups):
@@ -346,7 +346,7 @@ class TokenOperator(_SampleOperator):
         return out[:self.N]
 
     def adjoint(self, V):
-        """``A^T V`` of shape (|J|, c, |K|, d) from ``V`` of shape (N, c)."""
+        """``A^T V`` of shape ``(|J|, c, |K|, d)`` from ``V`` of shape (N, c)."""
         Vpad = torch.cat([V, torch.zeros(1, self.c, dtype=V.dtype, device=V.device)])
         Gt = torch.zeros(self.nK, self.d, self.hJ, self.c, dtype=V.dtype, device=self.device)
         for kk, (u, rows, Mg) in enumerate(self.groups):
@@ -383,13 +383,14 @@ class Program:
 
     name = None
     regularizer_class = None
+    degree = 1  # yhat is a polynomial of this degree in X (linear MHSA: 3); scales the magnitude checks
     shards = None  # the data shards of a distributed solve (solvers.distributed); set before any operator
 
     def __init__(self, X):
         self.X = X
         self.N = X.shape[0]
         self._ops = {}
-        self._block_norms = None
+        self._block_norms = self._log_norm = None
 
     def operator(self, device="cpu", dtype=F64, chunk=None):
         """The torch operator on ``device`` in ``dtype`` (cached for the default chunking)."""
@@ -415,33 +416,28 @@ class Program:
         return self._op_for(V).adjoint(V).reshape(self.shape)
 
     def check_Z(self, Z, name="Z"):
-        """``Z`` as a finite float64 array of this program's shape; errors name the argument."""
-        try:
-            Z = np.asarray(Z, dtype=float)
-        except (TypeError, ValueError):
-            raise invalid(name, f"a numeric array of shape {self.shape}", type(Z).__name__) from None
-        if Z.shape != self.shape:
-            raise invalid(name, f"shape {self.shape} for {self.label}", f"shape {Z.shape}")
-        if not np.all(np.isfinite(Z)):
-            raise invalid(name, "finite values", f"{np.count_nonzero(~np.isfinite(Z))} NaN/Inf entries",
-                          "it is not a solution to certify")
-        return Z
+        """``Z`` as a finite float64 array of this program's shape; errors name the argument
+        (:func:`~.validation.check_coefficients`)."""
+        return check_coefficients(self, Z, name)
 
     def check_V(self, V, name="V"):
         """A candidate dual point as a finite float64 array of shape (N, n_outputs) ((N,) accepted when
-        there is one output)."""
-        try:
-            V = np.asarray(V, dtype=float)
-        except (TypeError, ValueError):
-            raise invalid(name, f"a numeric array of shape {(self.N, self.n_outputs)}", type(V).__name__) from None
-        if V.shape == (self.N,) and self.n_outputs == 1:
-            V = V[:, None]
-        if V.shape != (self.N, self.n_outputs):
-            raise invalid(name, f"shape {(self.N, self.n_outputs)} (one dual value per sample and output)",
-                          f"shape {V.shape}")
-        if not np.all(np.isfinite(V)):
-            raise invalid(name, "finite values", "NaN/Inf entries")
-        return V
+        there is one output; :func:`~.validation.check_dual_point`)."""
+        return check_dual_point(self, V, name)
+
+    def gate_arrays(self):
+        """The arrays besides X that define the map (e.g. the gates of program (12)), by name."""
+        return {}
+
+    def log_norm(self):
+        """log10 of a bound on the norm of the map ``Z -> yhat`` (the Frobenius norm of its design):
+        at most ``N n size(Z)`` entries of at most ``n**(degree-1) max|X|**degree`` (one pass over X,
+        cached). The magnitude checks of :mod:`.validation` compare it with float64's range."""
+        if self._log_norm is None:
+            N, n = self.X.shape[:2]
+            self._log_norm = log10_norm(max_abs(self.X), N * n * int(np.prod(self.shape)), self.degree,
+                                        float(n) ** (self.degree - 1))
+        return self._log_norm
 
     def __repr__(self):
         return f"{type(self).__name__}({self.label}, shape={self.shape})"
@@ -460,6 +456,24 @@ class AttentionProgram(Program):
 
     regularizer_class = GroupLasso
 
+    @classmethod
+    def build(cls, number, X, y, T, U1=None, U2=None, gates=None, gate_seed=0):
+        """Program ``number`` on validated data (``make_problem``): c = ``T.shape[1]`` outputs; for (12)
+        the gates ``U1``, ``U2``, checked, or sampled from ``gates`` (default 8) and ``gate_seed``."""
+        if number != 12:
+            return cls(number, X, T.shape[1])
+        n, d = X.shape[1:]
+        if U1 is None and U2 is None:
+            U1, U2 = sample_gates(check_int("gates", 8 if gates is None else gates, 1), n, d, gate_seed)
+        elif U1 is None or U2 is None:
+            raise invalid("U1, U2", "both gate matrices or neither", "only one of them")
+        else:
+            U1 = check_array("U1", U1, 2, "shape (h, n)")
+            U2 = check_array("U2", U2, 2, "shape (h, d)")
+            if U1.shape[1] != n or U2.shape[1] != d or U1.shape[0] != U2.shape[0]:
+                raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
+        return cls(12, X, T.shape[1], U1, U2)
+
     def __init__(self, number, X, n_outputs, U1=None, U2=None):
         super().__init__(X)
         self.name = self.number = number
@@ -469,6 +483,9 @@ class AttentionProgram(Program):
         self.mask = None if U1 is None else gate_mask(X, U1, U2)
         self.h = 1 if U1 is None else U1.shape[0]
         self._tokens = False  # one_hot_tokens(X), computed with the first operator
+
+    def gate_arrays(self):
+        return {} if self.U1 is None else {"U1": self.U1, "U2": self.U2}
 
     @property
     def label(self):
@@ -512,12 +529,15 @@ class AttentionProgram(Program):
         return self._block_norms
 
     # --- CVXPY faces: the variable W of shape (h*n*d, c), W[(j*n + k)*d + e, l] = Z[j, l, k, e] ----
-    def design(self):
-        """Dense design of shape (N, h*n*d): column ``(j*n + k)*d + e`` is ``M_ij X[i, k, e]``."""
-        X_flat = self.X.reshape(self.N, self.n * self.d)
+    cvxpy_formulations = ("direct",)  # CVXPY maps offered (the squared loss is also compressed)
+
+    def design(self, start=0, stop=None):
+        """Dense design rows of samples ``start:stop``, shape (rows, h*n*d): column ``(j*n + k)*d + e``
+        is ``M_ij X[i, k, e]``, so that the map is ``design @ W``. Only those rows of X are read."""
+        X_flat = self.X[start:stop].reshape(-1, self.n * self.d)
         if self.mask is None:
             return X_flat
-        return (self.mask[:, :, None] * X_flat[:, None, :]).reshape(self.N, -1)
+        return (self.mask[start:stop, :, None] * X_flat[:, None, :]).reshape(len(X_flat), self.h * self.n * self.d)
 
     def cvxpy_variable(self):
         import cvxpy as cp
@@ -525,9 +545,11 @@ class AttentionProgram(Program):
         return cp.Variable((self.h * self.n * self.d, self.c), name="Z")
 
     def cvxpy_forward(self, W):
+        """``yhat`` (N, c) as a CVXPY expression: the dense design times W."""
         return self.design() @ W
 
     def cvxpy_adjoint(self, V):
+        """``A^T V`` in the layout of the variable, from a CVXPY expression V (N, c)."""
         return self.design().T @ V
 
     def cvxpy_blocks(self, W):

@@ -1,5 +1,6 @@
 """Reductions between the nonconvex networks and the convex programs, as CVXPY pairs them:
-``apply`` (network and data -> convex problem) and ``invert`` (solution Z -> network weights).
+``apply`` (network and data -> convex problem), ``invert`` (solution Z -> network weights) and
+``coefficients`` (network weights -> the Z the network implements, the other direction).
 
 * :class:`Proposition1` (Ergen et al.): the alternative attention network (6)/(9) <-> program (8)
   or (10), the gated-ReLU network (11) <-> program (12). Every nonzero group ``z = Z[j, l, k]``
@@ -10,10 +11,21 @@
 * :class:`LinearMHSAReduction` (Sahiner et al.): the linear multi-head self-attention network (5)
   <-> program (6). From the SVD ``Z = sum_j s_j u_j v_j^T``, head j is
   ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``.
+* :class:`GatedMHSAReduction` (Sahiner et al.): the gated-ReLU multi-head self-attention network
+  ``sum_j (D_g(j)(X) * (X W1j X^T)) X W2j`` <-> the gated program: the heads of each ``Z_g``, as
+  above, on gate g.
+
+This module also registers the program families (:mod:`.registry`): each program with its
+reduction, the losses it allows and the options of ``make_problem`` it takes.
 
 ``objective`` evaluates the network's weight-decay objective in plain numpy from ``X``, the
 weights and the gates, without the convex program's linear map: at the recovered weights it
 equals P(Z) (tested), and P(Z*) bounds it from below for any number of heads.
+
+``coefficients(problem, weights)`` is the forward map: the network's output equals the program's
+``forward(Z)`` at ``Z = coefficients(problem, weights)``, and its regulariser is at most the
+network's penalty, so ``P(Z) <=`` the network's objective; ``coefficients(problem, invert(problem,
+Z)) = Z``. :func:`cvxtransformer.certify_network` certifies a network through it.
 
 Example
 -------
@@ -25,13 +37,19 @@ Example
 >>> heads = P.reduction.invert(P, Z)
 >>> heads.heads, heads.W1[0].tolist(), bool(np.isclose(P.reduction.objective(P, heads), P.primal_objective(Z)))
 (1, [0.0, 0.0, 1.0], True)
+>>> bool(np.array_equal(P.reduction.coefficients(P, heads), Z))
+True
 """
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import invalid
+from .gated_mhsa import GatedMHSAProgram, attention_masks
 from .mhsa import LinearMHSAProgram
+from .programs import AttentionProgram
+from .registry import register
+from .validation import check_problem
 
 
 @dataclass
@@ -73,13 +91,42 @@ class MHSAHeads:
         return self.W1.shape[0]
 
 
+@dataclass
+class GatedMHSAHeads:
+    """Heads of the gated-ReLU multi-head self-attention network.
+
+    W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c); gate : ndarray (m,) of ints,
+    each head's gate (an index into the program's ``H``).
+    ``f(X_i) = sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` (n x c), mean-pooled over tokens for
+    one target per sequence.
+    """
+
+    W1: np.ndarray
+    W2: np.ndarray
+    gate: np.ndarray
+    form: str = "balanced"
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+
 class Reduction:
     """A convexification and its inverse: ``apply`` (network and data -> convex problem), ``invert``
-    (Z -> the network's weights), ``objective`` (the network's objective at weights, in numpy).
-    ``networks`` maps each network this reduction covers to its convex program."""
+    (Z -> the network's weights), ``coefficients`` (weights -> Z), ``objective`` (the network's
+    objective at weights, in numpy). ``networks`` maps each network this reduction covers to its
+    convex program; ``equations`` each program to the equation of the network it bounds."""
 
     forms = ("balanced",)
     networks = {}
+    equations = {}
+
+    @classmethod
+    def check_form(cls, form):
+        """``form`` if this reduction recovers weights in it; errors name the argument."""
+        if form not in cls.forms:
+            raise invalid("form", f"one of {cls.forms}", repr(form))
+        return form
 
     @classmethod
     def apply(cls, network, X, y, loss="squared", beta=1.0, **options):
@@ -106,12 +153,60 @@ class Proposition1(Reduction):
 
     forms = ("balanced", "lemma1")
     networks = {"alternative": 10, "alternative_scalar": 8, "gated": 12}
+    equations = {8: "(9)", 10: "(9)", 12: "(11)"}
+
+    @staticmethod
+    def coefficients(problem, weights):
+        """Coefficients Z (the program's shape) that the network (9) (programs (8)/(10)) or (11)
+        (program (12), on the program's gates) with heads ``weights`` implements:
+
+        ``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j``
+
+        The network's output is the program's ``forward(Z)``; with the attention rows ``w_1j`` on the
+        simplex, ``||Z[g, l, k]||`` summed is at most ``sum_j ||w_2j|| ||w_3j||_1``, so P(Z) is at
+        most the network's objective in either form (checked here: rows off the simplex are refused).
+        """
+        program = problem.program
+        if not isinstance(weights, AttentionHeads):
+            raise invalid("weights", f"AttentionHeads (W1, W2, W3), the heads of network (9)/(11), for {program.label}",
+                          type(weights).__name__)
+        h, c, n, d = program.canonical_shape
+        W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
+        m = W1.shape[0] if W1.ndim == 2 else -1
+        if W1.shape != (m, n) or W2.shape != (m, d) or W3.shape != (m, c):
+            raise invalid("weights", f"W1, W2, W3 of shapes (m, {n}), (m, {d}), (m, {c}) for {program.label}",
+                          f"{W1.shape}, {W2.shape}, {W3.shape}")
+        for name, W in (("W1", W1), ("W2", W2), ("W3", W3)):
+            if not np.all(np.isfinite(W)):
+                raise invalid(f"weights.{name}", "finite values", "NaN/Inf entries")
+        if m and (W1.min() < -1e-12 or np.max(np.abs(W1.sum(axis=1) - 1.0)) > 1e-9):
+            raise invalid("weights.W1", "attention rows on the simplex (nonnegative, summing to 1)",
+                          f"min {W1.min():.3g}, row sums off by {np.max(np.abs(W1.sum(axis=1) - 1)):.3g}",
+                          "only such networks are bounded by the program; parametrise each row as a softmax "
+                          "of logits, or project it onto the simplex")
+        gate = weights.gate
+        if (gate is None) != (program.mask is None):
+            raise invalid("weights.gate", "each head's gate (network (11)) for program (12), and none for "
+                          "(8)/(10)", "None" if gate is None else "gates",
+                          "network (9) is bounded by program (10), network (11) by program (12) on its gates")
+        gate = np.zeros(m, dtype=int) if gate is None else np.asarray(gate)
+        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= h)):
+            raise invalid("weights.gate", f"{m} integers in [0, {h}) (rows of the program's U1, U2)",
+                          f"shape {gate.shape}, dtype {gate.dtype}")
+        return Proposition1.sum_heads(W1, W2, W3, gate, h).reshape(program.shape)
+
+    @staticmethod
+    def sum_heads(W1, W2, W3, gate, h):
+        """``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` of shape (h, c, n, d), unchecked:
+        the one implementation behind :meth:`coefficients` and the networks' ``effective_coefficients``."""
+        Z = np.zeros((h, W3.shape[1], W1.shape[1], W2.shape[1]))
+        np.add.at(Z, gate, np.einsum("jl,jk,jd->jlkd", W3, W1, W2))
+        return Z
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
         """The heads of Proposition 1 from coefficients Z (the program's shape)."""
-        if form not in Proposition1.forms:
-            raise invalid("form", f"one of {Proposition1.forms}", repr(form))
+        Proposition1.check_form(form)
         program = problem.program
         Z4 = np.asarray(Z, dtype=float).reshape(program.canonical_shape)
         h, c, n, d = Z4.shape
@@ -150,20 +245,32 @@ class LinearMHSAReduction(Reduction):
     """Sahiner et al.'s theorem: the linear MHSA network (5) <-> program (6)."""
 
     networks = {"linear_mhsa": "mhsa"}
+    equations = {"mhsa": "(5)"}
+
+    @staticmethod
+    def coefficients(problem, heads):
+        """The coefficients Z (d^2, d c) of program (6) that network (5) with ``heads`` implements:
+        ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]``, i.e. ``Z = sum_j u_j v_j^T`` with
+        ``u_j[k*d + a] = W1j[a, k]``, ``v_j[l*c + b] = W2j[l, b]``. The network's output is the program's
+        ``forward(Z)`` and ``beta ||Z||_* <= beta sum_j ||W1j|| ||W2j|| <=`` its penalty."""
+        p = problem.program
+        if not isinstance(heads, MHSAHeads):
+            raise invalid("weights", f"MHSAHeads (W1, W2), the heads of network (5), for {p.label}", type(heads).__name__)
+        W1, W2 = _mhsa_weights(p, heads)
+        return LinearMHSAReduction.sum_heads(W1, W2)
+
+    @staticmethod
+    def sum_heads(W1, W2):
+        """``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` of shape (d^2, d c), unchecked: the one-gate
+        case of :meth:`GatedMHSAReduction.sum_heads` (behind ``LinearMHSA.effective_coefficients``)."""
+        return GatedMHSAReduction.sum_heads(W1, W2, np.zeros(len(W1), dtype=int), 1)[0]
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
         """``m = rank(Z)`` heads (W1j, W2j) from the SVD of Z, balanced: ``beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j``."""
-        if form not in LinearMHSAReduction.forms:
-            raise invalid("form", f"one of {LinearMHSAReduction.forms}", repr(form))
+        LinearMHSAReduction.check_form(form)
         p = problem.program
-        d, c = p.d, p.c
-        U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
-        m = problem.regularizer.rank(Z)
-        root = np.sqrt(s[:m])
-        W1 = (U[:, :m] * root).T.reshape(m, d, d).transpose(0, 2, 1)  # W1j[a, k] = u_j[k*d + a]
-        W2 = (Wh[:m] * root[:, None]).reshape(m, d, c)                # W2j[l, b] = v_j[l*c + b]
-        return MHSAHeads(W1=W1, W2=W2)
+        return MHSAHeads(*_svd_heads(Z, problem.regularizer.rank(Z), p.d, p.c))
 
     @staticmethod
     def predict(X, heads, pooled, chunk=4096):
@@ -183,25 +290,123 @@ class LinearMHSAReduction(Reduction):
     def objective(problem, heads):
         """``sum_i L(sum_j X_i W1j X_i^T X_i W2j, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``."""
         p = problem.program
-        Yhat = LinearMHSAReduction.predict(p.X, heads, p.pooled)
-        penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
-        return problem.loss.value(Yhat, problem.T) + penalty
+        return _weight_decay_objective(problem, LinearMHSAReduction.predict(p.X, heads, p.pooled), heads)
 
 
-def reduction_for(program):
-    """The reduction of a program object."""
-    return LinearMHSAReduction if isinstance(program, LinearMHSAProgram) else Proposition1
+def _mhsa_weights(program, heads):
+    """``(W1 (m, d, d), W2 (m, d, c))`` of MHSA heads as finite float arrays of the program's d and c;
+    errors name the weights."""
+    p = program
+    W1, W2 = np.asarray(heads.W1), np.asarray(heads.W2)
+    m = W1.shape[0] if W1.ndim == 3 else -1
+    if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
+        raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
+                      f"{W1.shape} and {W2.shape}")
+    W1, W2 = W1.astype(float), W2.astype(float)
+    if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
+        raise invalid("weights", "finite values", "NaN/Inf entries")
+    return W1, W2
+
+
+def _weight_decay_objective(problem, Yhat, heads):
+    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of MHSA heads."""
+    penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
+    return problem.loss.value(Yhat, problem.T) + penalty
+
+
+def _svd_heads(Z, m, d, c):
+    """The heads ``(W1 (m, d, d), W2 (m, d, c))`` of the m largest singular triplets of Z (d^2, dc):
+    ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``."""
+    U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
+    root = np.sqrt(s[:m])
+    W1 = (U[:, :m] * root).T.reshape(m, d, d).transpose(0, 2, 1)  # W1j[a, k] = u_j[k*d + a]
+    W2 = (Wh[:m] * root[:, None]).reshape(m, d, c)                # W2j[l, b] = v_j[l*c + b]
+    return W1, W2
+
+
+class GatedMHSAReduction(Reduction):
+    """Sahiner et al.'s gated-ReLU theorem: the gated MHSA network <-> the gated program, gate by gate.
+
+    For any heads, ``Z_g = sum_{j: gate(j) = g} u_j v_j^T`` (:meth:`coefficients`) gives the same outputs
+    and ``||Z_g||_* <= sum_j ||W1j|| ||W2j|| <= sum_j (||W1j||^2 + ||W2j||^2) / 2``; the SVD of each
+    ``Z_g`` gives heads that attain it (:meth:`invert`). So P(Z*) is the optimum of the network with
+    these gates once each gate g holds ``rank(Z*_g)`` heads (``sum_g rank(Z*_g)`` in all), and a lower
+    bound for any number of heads.
+    """
+
+    networks = {"gated_mhsa": "gated_mhsa"}
+    equations = {"gated_mhsa": "(gated MHSA)"}
+
+    @staticmethod
+    def invert(problem, Z, form="balanced"):
+        """``rank(Z_g)`` heads on each gate g from the SVD of ``Z_g``, balanced as for program (6)."""
+        GatedMHSAReduction.check_form(form)
+        p = problem.program
+        Z = np.asarray(Z, dtype=float)
+        ranks = problem.regularizer.ranks(Z)
+        heads = [_svd_heads(Z[g], int(r), p.d, p.c) for g, r in enumerate(ranks)]
+        return GatedMHSAHeads(W1=np.concatenate([h[0] for h in heads]), W2=np.concatenate([h[1] for h in heads]),
+                              gate=np.repeat(np.arange(len(ranks)), ranks))
+
+    @staticmethod
+    def coefficients(problem, heads):
+        """The coefficients Z (P, d^2, d c) that the network with ``heads`` implements on the program's
+        gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
+        the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
+        p = problem.program
+        W1, W2 = _mhsa_weights(p, heads)
+        m, gate = len(W1), np.asarray(heads.gate)
+        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
+            raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of H per head)",
+                          f"shape {gate.shape}, dtype {gate.dtype}")
+        return GatedMHSAReduction.sum_heads(W1, W2, gate, p.gates)
+
+    @staticmethod
+    def sum_heads(W1, W2, gate, gates):
+        """``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]`` of shape (gates, d^2, d c),
+        unchecked: the one implementation behind :meth:`coefficients` and ``GatedMHSA.effective_coefficients``."""
+        m, d, c = W2.shape
+        Z = np.zeros((gates, d * d, d * c))
+        np.add.at(Z, gate, np.einsum("jak,jlb->jkalb", W1, W2).reshape(m, d * d, d * c))
+        return Z
+
+    @staticmethod
+    def predict(X, heads, H, pooled, chunk=1024):
+        """Outputs of the gated network, ``sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j``: (N, n*c) per
+        token, or (N, c) mean-pooled; float64, by chunks of samples (``X`` may be a memory map)."""
+        N, n, _ = X.shape
+        c = heads.W2.shape[2]
+        out = np.empty((N, c) if pooled else (N, n * c))
+        for s in range(0, N, chunk):
+            Xc = np.asarray(X[s:s + chunk], dtype=float)
+            D = attention_masks(Xc, H)[:, :, heads.gate, :]                        # (r, t, j, s)
+            scores = np.einsum("ita,jak,isk->itjs", Xc, heads.W1, Xc, optimize=True) * D
+            Y = np.einsum("itjs,isl,jlb->itb", scores, Xc, heads.W2, optimize=True)
+            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
+        return out
+
+    @staticmethod
+    def objective(problem, heads):
+        """``sum_i L(f(X_i), Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` with the program's gates."""
+        p = problem.program
+        return _weight_decay_objective(problem, GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled), heads)
 
 
 def recover_weights(problem, Z, form="balanced"):
     """The nonconvex network's weights behind coefficients Z of ``problem`` (the program's shape):
-    Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6)."""
-    if not hasattr(problem, "reduction"):
-        raise invalid("problem", "a ConvexProblem from make_problem", type(problem).__name__,
-                      "call recover_weights(problem, Z)")
-    return problem.reduction.invert(problem, problem.program.check_Z(Z), form)
+    Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6) and the gated
+    program."""
+    return check_problem(problem).reduction.invert(problem, problem.program.check_Z(Z), form)
 
 
 def nonconvex_objective(problem, weights):
     """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in numpy."""
-    return problem.reduction.objective(problem, weights)
+    return check_problem(problem).reduction.objective(problem, weights)
+
+
+ALL_LOSSES = ("squared", "logistic", "cross_entropy")
+register(8, AttentionProgram, Proposition1, ("squared", "logistic"))
+register(10, AttentionProgram, Proposition1, ALL_LOSSES)
+register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"))
+register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES)
+register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"))

@@ -1,11 +1,11 @@
-"""Regularisers: the group lasso of programs (8), (10), (12) and the nuclear norm of the linear
-multi-head self-attention program (docs/conventions.md). One object per regulariser.
+"""Regularisers: the group lasso of programs (8), (10), (12) and the nuclear norm of the linear and
+gated multi-head self-attention programs (docs/conventions.md). One object per regulariser.
 
 A regulariser ``R`` (weight ``beta`` included) knows its value, its proximal operator, its
 dual norm (the dual constraint is ``dual_norm(A^T V) <= beta``), the KKT residuals of
 docs/conventions.md, the size of the support of a solution, a gap-safe screening test, and its CVXPY
 forms. Its *blocks* are what a solution can switch off: the groups of the group lasso, the
-singular directions of the nuclear norm. Numerical methods take numpy arrays or torch
+singular directions of each matrix of the nuclear norm. Numerical methods take numpy arrays or torch
 tensors (:func:`cvxtransformer.core.arrays.numpy_face`).
 
 Example
@@ -16,7 +16,6 @@ Example
 array([[2.4, 3.2],
        [0. , 0. ]])
 """
-import cvxpy as cp
 import numpy as np
 import torch
 
@@ -114,6 +113,8 @@ class GroupLasso(Regularizer):
 
     def cvxpy_value(self, blocks):
         """CVXPY form; ``blocks`` is a (d, number of groups) expression whose columns are the groups."""
+        import cvxpy as cp
+
         return self.beta * cp.sum(cp.norm(blocks, 2, axis=0))
 
     def cvxpy_dual_constraint(self, blocks):
@@ -121,6 +122,8 @@ class GroupLasso(Regularizer):
         from its multipliers ``lambda_g >= 0``: ``z_g = lambda_g G_g / beta`` (stationarity of the
         Lagrangian in V). Returns ``(constraints, readback)``; ``readback(G_value)`` gives the
         primal in the layout of ``blocks``."""
+        import cvxpy as cp
+
         constraint = cp.norm(blocks, 2, axis=0) <= self.beta
 
         def readback(G):
@@ -131,9 +134,13 @@ class GroupLasso(Regularizer):
 
 
 class NuclearNorm(Regularizer):
-    """``R(Z) = beta * ||Z||_*`` (sum of singular values) of a matrix ``Z``.
+    """``R(Z) = beta * ||Z||_*`` (sum of singular values) of a matrix ``Z`` (p, q), or
+    ``beta * sum_g ||Z_g||_*`` over a stack ``Z`` (P, p, q) of matrices (one per gate of the gated
+    multi-head self-attention program; a matrix is the stack of one).
 
-    Dual norm: the spectral norm ``||G||_2``; blocks are the singular directions.
+    Dual norm: the largest spectral norm ``max_g ||G_g||_2``; blocks are the singular directions of
+    each matrix (shape ``Z.shape[:-2] + (min(p, q),)``). Prox, KKT residuals, support (the ranks) and
+    screening act matrix by matrix.
     """
 
     name = "nuclear_norm"
@@ -144,82 +151,105 @@ class NuclearNorm(Regularizer):
 
     @numpy_face
     def prox(self, Z, step):
-        """Singular-value thresholding: ``U max(S - step beta, 0) W^T``, truncated to its rank."""
+        """Singular-value thresholding of each matrix: ``U max(S - step beta, 0) W^T``, truncated to
+        the largest rank (a matrix of lower rank gets exact zeros in the directions it lacks)."""
         U, s, Wh = torch.linalg.svd(Z, full_matrices=False)
-        s = s - step * self.beta
-        r = int(torch.count_nonzero(s > 0))
-        return (U[:, :r] * s[:r]) @ Wh[:r]
+        s = torch.clamp_min(s - step * self.beta, 0.0)
+        r = int(torch.count_nonzero(s > 0, dim=-1).max()) if s.numel() else 0
+        return (U[..., :r] * s[..., None, :r]) @ Wh[..., :r, :]
 
     @numpy_face
     def dual_norm(self, G):
-        """``||G||_2``, the largest singular value."""
-        return torch.linalg.matrix_norm(G, ord=2).to(F64) if G.numel() else torch.zeros((), dtype=F64)
+        """``max_g ||G_g||_2``, the largest singular value."""
+        return torch.amax(torch.linalg.matrix_norm(G, ord=2)).to(F64) if G.numel() else torch.zeros((), dtype=F64)
+
+    @staticmethod
+    def ranks(Z):
+        """Numerical rank of each matrix (an int array of shape ``Z.shape[:-2]``): singular values above
+        ``max(p, q) * eps * sigma_max`` (as numpy's matrix_rank)."""
+        Z = np.asarray(Z, dtype=float)
+        return np.linalg.matrix_rank(Z) if Z.size else np.zeros(Z.shape[:-2], dtype=int)
 
     @staticmethod
     def rank(Z):
-        """Numerical rank: singular values above ``max(shape) * eps * sigma_max`` (as numpy's matrix_rank)."""
-        return int(np.linalg.matrix_rank(np.asarray(Z, dtype=float))) if np.asarray(Z).size else 0
+        """The number of heads behind ``Z``: its rank, summed over the stack."""
+        return int(np.sum(NuclearNorm.ranks(Z)))
 
     support_size = rank
 
     @numpy_face
     def kkt_residuals(self, Z, G):
-        """(stationarity, dual feasibility) of docs/conventions.md, relative to beta, spectral norms.
+        """(stationarity, dual feasibility) of docs/conventions.md, relative to beta, spectral norms,
+        the worst over the stack.
 
-        With the thin SVD ``Z = U S W^T`` of numerical rank r: stationarity is the largest of
-        ``||U^T G W - beta I_r||``, ``||(I - U U^T) G W||`` and ``||U^T G (I - W W^T)||``;
-        feasibility ``max(0, ||G|| - beta)``.
+        With the thin SVD ``Z_g = U S W^T`` of numerical rank r: stationarity is the largest of
+        ``||U^T G_g W - beta I_r||``, ``||(I - U U^T) G_g W||`` and ``||U^T G_g (I - W W^T)||``;
+        feasibility ``max(0, max_g ||G_g|| - beta)``.
         """
         zero = torch.zeros((), dtype=F64, device=Z.device)
-        U, s, Wh = torch.linalg.svd(Z, full_matrices=False)
-        r = self.rank(Z.cpu().numpy())
         stationarity = zero
-        if r:
-            U, W = U[:, :r], Wh[:r].T
-            GW, UG = G @ W, U.T @ G
-            eye = torch.eye(r, dtype=Z.dtype, device=Z.device)
-            parts = [U.T @ GW - self.beta * eye, GW - U @ (U.T @ GW), UG - (UG @ W) @ W.T]
-            stationarity = max(torch.linalg.matrix_norm(p, ord=2) for p in parts)
+        Zs, Gs = Z.reshape(-1, *Z.shape[-2:]), G.reshape(-1, *G.shape[-2:])
+        for z, g, r in zip(Zs, Gs, self.ranks(Zs.cpu().numpy()).tolist()):
+            if r:
+                U, _, Wh = torch.linalg.svd(z, full_matrices=False)
+                U, W = U[:, :r], Wh[:r].T
+                GW, UG = g @ W, U.T @ g
+                eye = torch.eye(r, dtype=z.dtype, device=z.device)
+                parts = [U.T @ GW - self.beta * eye, GW - U @ (U.T @ GW), UG - (UG @ W) @ W.T]
+                stationarity = max([stationarity] + [torch.linalg.matrix_norm(p, ord=2) for p in parts])
         feasibility = torch.clamp_min(self.dual_norm(G) - self.beta, 0.0) if G.numel() else zero
         return torch.as_tensor(stationarity, dtype=F64) / self.beta, torch.as_tensor(feasibility, dtype=F64) / self.beta
 
     def screen(self, G, radius, operator_norm):
         """Gap-safe rank test: singular directions proved inactive, as a boolean array over the
-        ``min(shape)`` singular values of ``G`` sorted in decreasing order.
+        ``min(p, q)`` singular values of each ``G_g`` sorted in decreasing order (shape
+        ``G.shape[:-2] + (min(p, q),)``).
 
         The dual optimum lies within ``radius`` of the feasible point whose ``A^T V`` is ``G``, so
-        the optimal ``S* = A^T V*`` has ``sigma_i(S*) <= sigma_i(G) + radius ||A||`` (Weyl). Only
-        singular values of ``S*`` equal to beta carry the solution, so
-        ``rank(Z*) <= #{i : sigma_i(G) + radius ||A|| >= beta}``: the number of ``False`` entries
-        is a proved bound on the rank of every optimum.
+        the optimal ``S*_g = (A^T V*)_g`` has ``sigma_i(S*_g) <= sigma_i(G_g) + radius ||A_g||`` (Weyl;
+        ``operator_norm``: ``||A_g||``, a number or one per matrix). Only singular values of ``S*_g``
+        equal to beta carry the solution, so ``rank(Z*_g) <= #{i : sigma_i(G_g) + radius ||A_g|| >= beta}``:
+        the number of ``False`` entries of a matrix is a proved bound on its rank at every optimum,
+        and a matrix whose entries are all ``True`` is zero at every optimum.
         """
         s = np.linalg.svd(np.asarray(G, dtype=float), compute_uv=False)
-        return s + radius * float(operator_norm) < self.beta * (1.0 - SCREENING_MARGIN)
+        norms = np.asarray(operator_norm, dtype=float)[..., None]
+        return s + radius * norms < self.beta * (1.0 - SCREENING_MARGIN)
 
     @staticmethod
     def zero_blocks(Z, mask):
-        """``Z`` truncated to its ``rank_bound = (~mask).sum()`` largest singular triplets."""
-        r = int(np.count_nonzero(~np.asarray(mask)))
+        """``Z`` with each matrix truncated to its ``rank_bound = (~mask).sum(-1)`` largest singular triplets."""
         U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
-        return (U[:, :r] * s[:r]) @ Wh[:r]
+        keep = np.arange(s.shape[-1]) < np.count_nonzero(~np.asarray(mask), axis=-1)[..., None]
+        return (U * (s * keep)[..., None, :]) @ Wh
+
+    @staticmethod
+    def _matrices(blocks):
+        """The matrices of a CVXPY expression: itself (2-d), or its slices along the first axis (3-d)."""
+        return [blocks] if blocks.ndim == 2 else [blocks[g] for g in range(blocks.shape[0])]
 
     def cvxpy_value(self, blocks):
-        return self.beta * cp.normNuc(blocks)
+        """CVXPY form; ``blocks`` is Z as an expression of shape (p, q) or (P, p, q)."""
+        import cvxpy as cp
+
+        return self.beta * sum(cp.normNuc(B) for B in self._matrices(blocks))
 
     def cvxpy_dual_constraint(self, blocks):
-        """``||G||_2 <= beta`` as the linear matrix inequality ``[[beta I, G], [G^T, beta I]] >= 0``;
-        the primal is read back from its multiplier ``Lambda``: ``Z = -2 Lambda_12`` (stationarity of
-        the Lagrangian in V, with CVXPY's sign convention for the multiplier of a maximisation).
-        Returns ``(constraints, readback)``."""
-        p, q = blocks.shape
-        lmi = cp.bmat([[self.beta * np.eye(p), blocks], [blocks.T, self.beta * np.eye(q)]])
-        constraint = lmi >> 0
+        """``||G_g||_2 <= beta`` as the linear matrix inequalities ``[[beta I, G_g], [G_g^T, beta I]] >= 0``;
+        the primal is read back from their multipliers ``Lambda_g``: ``Z_g = -2 (Lambda_g)_12``
+        (stationarity of the Lagrangian in V, with CVXPY's sign convention for the multiplier of a
+        maximisation). Returns ``(constraints, readback)``."""
+        import cvxpy as cp
+
+        p, q = blocks.shape[-2:]
+        constraints = [cp.bmat([[self.beta * np.eye(p), B], [B.T, self.beta * np.eye(q)]]) >> 0
+                       for B in self._matrices(blocks)]
 
         def readback(G):
-            Lam = np.asarray(constraint.dual_value, dtype=float)
-            return -2.0 * Lam[:p, p:]
+            Z = [-2.0 * np.asarray(c.dual_value, dtype=float)[:p, p:] for c in constraints]
+            return Z[0] if blocks.ndim == 2 else np.stack(Z)
 
-        return [constraint], readback
+        return constraints, readback
 
 
 REGULARIZERS = {cls.name: cls for cls in (GroupLasso, NuclearNorm)}

@@ -37,6 +37,8 @@ class BackendOutput:
     Z : coefficients in the program's shape
     V : a candidate dual point (N, n_outputs), or None
     screened : blocks the backend proved zero (the regulariser's block mask), or None
+    formulation : how a CVXPY backend handed the program to CVXPY ("compressed", "factored",
+        "direct"; :mod:`cvxtransformer.core.cvxpy_builders`), None for other backends
     """
 
     Z: np.ndarray
@@ -47,6 +49,7 @@ class BackendOutput:
     iterations: Optional[int] = None
     history: list = field(default_factory=list)
     screened: Optional[np.ndarray] = None
+    formulation: Optional[str] = None
 
 
 @dataclass
@@ -59,6 +62,9 @@ class SolveResult:
     certificate : :class:`cvxtransformer.core.certificate.Certificate`, recomputed from Z
     screened : blocks proved zero by gap-safe screening (groups, or singular directions), or None
     history : list of :class:`Check` (iterative backends)
+    formulation : the CVXPY formulation ("compressed", "factored", "direct"), None when no CVXPY
+        problem was solved (the torch backend, or Z = 0 for beta >= beta_max)
+    solver_choice : why ``solver="auto"`` took ``solver`` (None when the solver was named)
     """
 
     program: object
@@ -75,8 +81,11 @@ class SolveResult:
     iterations: Optional[int] = None
     U1: Optional[np.ndarray] = None
     U2: Optional[np.ndarray] = None
+    H: Optional[np.ndarray] = None
     history: list = field(default_factory=list)
     screened: Optional[np.ndarray] = None
+    formulation: Optional[str] = None
+    solver_choice: Optional[str] = None  # why solver="auto" took ``solver`` (None: the solver was named)
 
     @property
     def certified(self):
@@ -84,8 +93,8 @@ class SolveResult:
 
     def summary(self):
         """JSON-ready dict: the fields of the command line's ``--json`` output."""
-        out = {"program": self.program, "loss": self.loss, "form": self.form, "solver": self.solver,
-               "beta": self.beta}
+        out = {"program": self.program, "loss": self.loss, "form": self.form, "formulation": self.formulation,
+               "solver": self.solver, "solver_choice": self.solver_choice, "beta": self.beta}
         out.update(self.certificate.to_dict())
         out.update(status=self.status, solve_seconds=self.solve_seconds,
                    build_seconds=self.build_seconds, iterations=self.iterations)
@@ -94,9 +103,13 @@ class SolveResult:
     def history_dicts(self):
         return [asdict(h) for h in self.history]
 
-    def save(self, path):
-        """Write ``Z``, ``V``, ``beta`` (and ``U1``, ``U2`` for program (12)) to ``path`` atomically."""
-        arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary()))}
+    def save(self, path, **extra):
+        """Write ``Z``, ``V``, ``beta`` (and ``U1``, ``U2`` for program (12), ``H`` for the gated MHSA
+        program) and the ``extra`` arrays to ``path`` atomically."""
+        arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary())),
+                  **extra}
         if self.U1 is not None:
             arrays.update(U1=self.U1, U2=self.U2)
+        if self.H is not None:
+            arrays.update(H=self.H)
         save_npz(path, **arrays)

@@ -54,38 +54,225 @@ def check_choice(name, value, choices):
     return value
 
 
-def check_array(name, a, ndim=None, what=None, finite=True, nonempty=True):
-    """A float64 ndarray with ``ndim`` dimensions, finite and non-empty by default (a memory map of
-    float32 or float64 is kept as it is, and tested in chunks: it may be larger than memory).
+REAL_KINDS = "iuf"  # numpy dtype kinds taken as real numbers: signed, unsigned, floating
 
-    ``what`` describes the expected shape in messages (e.g. ``"shape (N, n, d)"``).
-    """
-    what = what or (f"a {ndim}-d array" if ndim is not None else "an array")
-    mapped = isinstance(a, np.memmap) and a.dtype in (np.float32, np.float64)  # data larger than memory: no copy
+
+def _as_real(name, a, what):
+    """``a`` as an ndarray of real numbers (no copy when it already is one): bools, strings, complex
+    values and objects that are not numbers are refused by name, never reinterpreted."""
     if type(a).__module__.startswith("scipy.sparse"):
         raise invalid(name, f"a dense array of {what}", f"a scipy sparse {type(a).__name__}",
                       "convert it with .toarray()")
     given = type(a).__name__
+    try:
+        a = np.asarray(a)
+    except (TypeError, ValueError):  # ragged nested lists
+        raise invalid(name, f"a numeric array of {what}", given) from None
+    kind = a.dtype.kind
+    if kind == "O" and all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in a.flat):
+        return a.astype(float)  # an object array of numbers (e.g. from a mixed data frame)
+    if kind == "c":  # converting would drop the imaginary parts
+        raise invalid(name, "real numbers", "complex values",
+                      f"pass np.real({name}) on purpose if only the real part is meant")
+    if kind == "b":
+        raise invalid(name, f"a numeric array of {what}", "booleans",
+                      f"convert them on purpose if 0/1 is meant ({name}.astype(float))")
+    if kind not in REAL_KINDS:
+        shown = "objects" if kind == "O" else f"dtype {a.dtype}"
+        raise invalid(name, f"a numeric array of {what}", shown, "strings are never parsed as numbers")
+    return a
+
+
+def check_array(name, a, ndim=None, what=None, finite=True, nonempty=True):
+    """A float64 ndarray with ``ndim`` dimensions, finite and non-empty by default (a memory map of
+    float32 or float64 is kept as it is, and tested in chunks: it may be larger than memory).
+
+    Only real numbers are taken: booleans, strings, complex values and non-numeric objects are
+    refused by name (never converted). ``what`` describes the expected shape in messages (e.g.
+    ``"shape (N, n, d)"``).
+    """
+    what = what or (f"a {ndim}-d array" if ndim is not None else "an array")
+    mapped = isinstance(a, np.memmap) and a.dtype in (np.float32, np.float64)  # data larger than memory: no copy
     if not mapped:
-        try:
-            a = np.asarray(a)
-            if a.dtype.kind != "c":  # converting complex values would drop their imaginary parts
-                a = a.astype(float, copy=False)
-        except (TypeError, ValueError):
-            raise invalid(name, f"a numeric array of {what}", given) from None
-    if a.dtype.kind == "c":
-        raise invalid(name, "real numbers", "complex values", "pass real and imaginary parts as separate features")
+        a = _as_real(name, a, what).astype(float, copy=False)
     if ndim is not None and a.ndim != ndim:
         raise invalid(name, what, f"shape {a.shape}")
     if nonempty and a.size == 0:
         raise invalid(name, f"non-empty {what}", f"shape {a.shape}", "pass at least one sample")
-    if finite:
-        rows = a.reshape(1) if a.ndim == 0 else a
-        step = max(1, 2**22 // max(1, rows[:1].size))  # rows per test: temporaries stay a few MB
-        bad = sum(np.count_nonzero(~np.isfinite(rows[s:s + step])) for s in range(0, len(rows), step))
-        if bad:
-            raise invalid(name, "finite values", f"{bad} NaN/Inf entries", "remove or impute them")
+    if finite and not math.isfinite(max_abs(a)):
+        bad = sum(np.count_nonzero(~np.isfinite(chunk)) for chunk in _chunks(a))
+        raise invalid(name, "finite values", f"{bad} NaN/Inf entries", "remove or impute them")
     return a
+
+
+def _chunks(a, nbytes=2**23):
+    """``a`` in chunks of leading rows, a few MB each (temporaries stay small; a memory map is read once)."""
+    rows = a.reshape(1) if a.ndim == 0 else a
+    step = max(1, nbytes // max(1, rows[:1].nbytes))
+    return (rows[s:s + step] for s in range(0, len(rows), step))
+
+
+def max_abs(a):
+    """``max |a|`` over every entry (0 for an empty array, NaN if an entry is NaN), in chunks."""
+    top = 0.0
+    for chunk in _chunks(a):
+        if chunk.size:
+            m = float(np.max(np.abs(chunk)))
+            if m != m:
+                return m
+            top = max(top, m)
+    return top
+
+
+# ----------------------------------------------------------------------------- magnitudes
+# The solvers form up to fourth powers of the norms of the data and of the predictions (a Gram
+# matrix times a vector, squared residuals times a curvature), and float64 overflows at 1.8e308.
+# So every norm that enters must lie within 10^-ROOM..10^ROOM; data outside is refused up front,
+# by name, instead of overflowing inside a solver (an infinite step size, a NaN gap).
+ROOM = 75
+
+
+def log10_norm(top, count, power=1, factor=1.0):
+    """log10 of ``sqrt(count) * factor * top**power``: a bound on the Frobenius norm of ``count``
+    entries of at most ``factor * top**power`` (computed in logs: it may be far beyond float64)."""
+    if top == 0:
+        return -math.inf
+    return math.log10(factor) + power * math.log10(top) + 0.5 * math.log10(max(count, 1))
+
+
+def check_magnitude(name, log_norm, given, fix, low=True):
+    """Refuse ``name`` when ``log_norm`` (log10 of a bound on the norm it contributes) is above
+    :data:`ROOM`, or (``low``) below ``-ROOM`` without being zero; ``given`` (a string, or a function
+    that makes it, called only then) says what was seen."""
+    if log_norm > ROOM or (low and -math.inf < log_norm < -ROOM):
+        given = given() if callable(given) else given
+        raise invalid(name, f"magnitudes float64 can handle (norms within 1e-{ROOM}..1e+{ROOM}: the solvers form "
+                            "their fourth powers)", f"{given} (a norm of about 1e{log_norm:+.0f})", fix)
+
+
+def check_scale(problem):
+    """Refuse a problem whose data or targets would overflow float64 in the solvers (see
+    :data:`ROOM`): ``X`` by the norm of the program's map (``program.log_norm()``, which scales
+    with ``max |X| ** program.degree``), ``y`` by the norm of the encoded targets, and the
+    arrays that define the map (``program.gate_arrays()``, e.g. the gates ``U1``, ``U2``).
+    Returns ``problem``."""
+    program, T = problem.program, problem.T
+    check_magnitude("X", program.log_norm(), lambda: f"max |X| = {max_abs(program.X):.3g}",
+                    "rescale X toward unit magnitude (e.g. divide it by max |X|; --beta-frac / beta_frac "
+                    "rescales beta with it)")
+    top = max_abs(T)
+    check_magnitude("y", log10_norm(top, T.size), f"max |y| = {top:.3g}", "rescale y toward unit magnitude",
+                    low=False)
+    for name, U in program.gate_arrays().items():
+        top = max_abs(U)
+        check_magnitude(name, log10_norm(top, U.size), f"max |{name}| = {top:.3g}",
+                        f"rescale {name} (only the signs of the gates matter)", low=False)
+    return problem
+
+
+def check_coefficients(program, Z, name="Z"):
+    """``Z`` as a finite float64 array of the program's shape, small enough that its predictions
+    ``A Z`` (at most ``||A|| ||Z||``) stay within float64's range in the solvers (:data:`ROOM`)."""
+    Z = check_array(name, Z, what=f"an array of shape {program.shape}", finite=False, nonempty=False)
+    if Z.shape != program.shape:
+        raise invalid(name, f"shape {program.shape} for {program.label}", f"shape {Z.shape}")
+    top = max_abs(Z)
+    if not math.isfinite(top):
+        raise invalid(name, "finite values", f"{np.count_nonzero(~np.isfinite(Z))} NaN/Inf entries",
+                      "it is not a solution to certify")
+    check_magnitude(name, program.log_norm() + log10_norm(top, Z.size), f"max |{name}| = {top:.3g}",
+                    "it is not a solution of this problem (rescaled data? another beta?)", low=False)
+    return Z
+
+
+def check_dual_point(program, V, name="V"):
+    """A candidate dual point as a finite float64 array of shape (N, n_outputs) ((N,) accepted with
+    one output), small enough for float64 arithmetic (:data:`ROOM`)."""
+    shape = (program.N, program.n_outputs)
+    V = check_array(name, V, what=f"an array of shape {shape}", finite=False, nonempty=False)
+    if V.shape == (program.N,) and program.n_outputs == 1:
+        V = V[:, None]
+    if V.shape != shape:
+        raise invalid(name, f"shape {shape} (one dual value per sample and output)", f"shape {V.shape}")
+    top = max_abs(V)
+    if not math.isfinite(top):
+        raise invalid(name, "finite values", "NaN/Inf entries")
+    check_magnitude(name, log10_norm(top, V.size), f"max |{name}| = {top:.3g}",
+                    "a dual point has the magnitude of the targets y", low=False)
+    return V
+
+
+# ----------------------------------------------------------------------------- memory
+def available_bytes():
+    """Memory this process may still allocate: the smallest of MemAvailable (/proc/meminfo), the
+    cgroup's limit less its usage, and RLIMIT_AS / RLIMIT_DATA less this process's use (inf if
+    none is known)."""
+    import resource
+
+    room = [math.inf]
+    fields = _read_keyed("/proc/meminfo")
+    if "MemAvailable" in fields:
+        room.append(fields["MemAvailable"] * 1024)
+    cgroups = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2, then v1
+               ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+    for limit, usage in cgroups:
+        try:
+            with open(limit) as f, open(usage) as g:
+                room.append(int(f.read().strip()) - int(g.read().strip()))
+            break
+        except (OSError, ValueError):  # no cgroup v2/v1 file, or "max": no limit
+            continue
+    status = _read_keyed("/proc/self/status")
+    for rlimit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(rlimit)[0]
+        if soft != resource.RLIM_INFINITY and used in status:
+            room.append(soft - status[used] * 1024)
+    return max(0.0, float(min(room)))
+
+
+def _read_keyed(path):
+    """``{key: first integer}`` of a ``key: value kB`` file (/proc/meminfo, /proc/self/status); {} if absent."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0])
+    except OSError:
+        pass
+    return out
+
+
+def format_bytes(n):
+    """``n`` bytes as a short human string (``"1.5 GiB"``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} EiB"
+
+
+def check_allocation(name, nbytes, what, fix):
+    """Refuse, before allocating it, ``what`` of ``nbytes`` bytes when it exceeds the memory
+    available (:func:`available_bytes`), naming the argument that causes it and the fix (a string,
+    or a function of the bytes available that says what would fit)."""
+    room = available_bytes()
+    if nbytes > room:
+        raise invalid(name, f"what fits in memory ({format_bytes(room)} available)",
+                      f"{what} {format_bytes(nbytes)}", fix(room) if callable(fix) else fix)
+
+
+def check_problem(problem, name="problem"):
+    """A :class:`~cvxtransformer.core.problem.ConvexProblem` (from ``make_problem``); anything else is
+    refused by name before it is used."""
+    from .problem import ConvexProblem  # the problem module imports this one
+
+    if not isinstance(problem, ConvexProblem):
+        raise invalid(name, "a ConvexProblem from make_problem", type(problem).__name__,
+                      "build it with cvxtransformer.make_problem(X, y, ...)")
+    return problem
 
 
 def check_beta(beta, name="beta"):

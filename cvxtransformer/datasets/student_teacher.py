@@ -1,6 +1,5 @@
 """Synthetic student-teacher data: tokens in, outputs of a random teacher attention network."""
 import numpy as np
-from scipy.special import softmax
 
 from ..core.errors import invalid
 
@@ -38,6 +37,8 @@ def student_teacher(N=200, n=8, d=6, c=3, heads=2, noise=0.05, teacher="simplex"
         W3 = rng.standard_normal((heads, c))
         Y = np.einsum("jk,ikd,jd->ij", W1, X, W2) @ W3
     else:
+        from scipy.special import softmax  # only here: the rest of the package needs no SciPy
+
         Wq, Wk, Wv = (rng.standard_normal((d, d)) / np.sqrt(d) for _ in range(3))
         Wo = rng.standard_normal((d, c)) / np.sqrt(d)
         A = softmax(np.einsum("ikd,de,fe,ilf->ikl", X, Wq, Wk, X) / np.sqrt(d), axis=-1)

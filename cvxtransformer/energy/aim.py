@@ -7,7 +7,7 @@ Algorithm 1 takes a gradient step on ``f``, then one on ``g``, to minimize ``h =
 
 Theorem 4.1 (derived here, the extracted text being garbled): ``y+ = y - alpha2 (grad h(y) - eps)``
 with ``||eps|| <= k ||grad f(y)||``, ``k = |1 - alpha1/alpha2| + alpha1 L_g``; smoothness of ``h``
-and ``alpha2 <= 1 / L_h`` give ``h(y+) <= h(y) - alpha2/2 (||grad h||^2 - ||eps||^2)``, so
+and ``alpha2 <= 1 / L_h`` give ``h(y+) <= h(y) - alpha2/2 (||grad h||^2 - ||eps||^2)``, so::
 
     ||grad f(y)|| <= C ||grad h(y)||,   C = alpha2 / (|alpha2 - alpha1| + alpha1 alpha2 L_g)   =>   h(y+) <= h(y).
 

@@ -50,17 +50,21 @@ def plot_layers(result, path):
     rel = np.array(result["relative_change"], dtype=float)
     L = rel.shape[1]
     rng = np.random.default_rng(0)
+    keys = {"C2": "descends on every sentence", "C1": "on some sentences", "C3": "on none"}
     for layer in range(L):
         y = rel[:, layer]
         x = layer + 1 + 0.12 * rng.uniform(-1, 1, y.size)
-        ax.plot(x, y, ".", color="C2" if (y <= 0).all() else ("C3" if (y > 0).all() else "C1"), ms=4)
-        ax.plot([layer + 0.7, layer + 1.3], [np.median(y)] * 2, color="k", lw=1.5)
+        color = "C2" if (y <= 0).all() else ("C3" if (y > 0).all() else "C1")
+        ax.plot(x, y, ".", color=color, ms=4, label=keys.pop(color, None))
+        ax.plot([layer + 0.7, layer + 1.3], [np.median(y)] * 2, color="k", lw=1.5,
+                label="median" if layer == 0 else None)
     ax.axhline(0, color="0.3", lw=0.8)
     ax.set_yscale("symlog", linthresh=1e-2)
     ax.set_xticks(range(1, L + 1))
     ax.set_xlabel("layer l")
     ax.set_ylabel("relative change of E_l over layer l")
-    ax.set_title(f"{result['model']}: own implied energy (green: always descends, red: never)", fontsize=9)
+    ax.set_title(f"{result['model']}: the energy its own weights imply", fontsize=9)
+    ax.legend(fontsize=7, title="the layer's step", title_fontsize=7)
     C = np.array(result["control_fraction_descended"], dtype=float)
     im = bx.imshow(C, vmin=0, vmax=1, cmap="RdYlGn", origin="upper")
     for k in range(L):

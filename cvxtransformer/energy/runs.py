@@ -2,7 +2,7 @@
 
 Each ``run_*`` function takes sentences (e.g. :func:`cvxtransformer.datasets.text.english_sentences`)
 and returns a JSON-ready dict (numbers, lists, bools; see :func:`summarize_layers` and
-:func:`run_unfolded`) that the command writes and :mod:`.plots` draws.
+:func:`run_unfolded`) that the command writes and :mod:`cvxtransformer.energy.plots` draws.
 
 * ``unfolded``: the words of each sentence (lower-cased, ``[a-z]+``) are embedded by a seeded
   random table ``N(0, 1)`` of size ``dim`` and fed to an :class:`UnfoldedTransformer`.

@@ -29,6 +29,8 @@ from .steps import unfolded_step
 class UnfoldedTransformer(torch.nn.Module):
     """``iterations`` layers of (15)-(16)[-(17)] with tied weights ``Wa`` (d, d), ``Wf`` (d, d).
 
+    Input ``X`` of shape (n, d) or (B, n, d); :meth:`forward` returns ``Y^T`` of the same shape.
+
     Parameters
     ----------
     dim : d, the token dimension
@@ -41,8 +43,8 @@ class UnfoldedTransformer(torch.nn.Module):
         ``N(0, scale_f^2 / d)`` (its eigenvalues lie in about ``[-2 scale_f, 2 scale_f]``)
     seed : seed of the initial weights (the global torch generator is untouched)
 
-    Input ``X`` of shape (n, d) or (B, n, d); :meth:`forward` returns ``Y^T`` of the same shape.
-
+    Examples
+    --------
     >>> net = UnfoldedTransformer(dim=4, iterations=3, seed=0)
     >>> X = torch.randn(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     >>> E = net.energies(X)                      # (B, T + 1): E(Y^0), ..., E(Y^T)

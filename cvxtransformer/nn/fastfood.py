@@ -118,7 +118,7 @@ class Fastfood:
     D : int >= 1, number of features (``ceil(D / d_pad)`` stacked blocks)
     sigma : float > 0, bandwidth
     seed : seed of B, Pi, G, S
-    g : "gaussian" (Fastfood's G) or "chi" (the report's G_chi = |G|)
+    g : "gaussian" (Fastfood's G) or "chi" (the report's ``G_chi = |G|``)
 
     Attributes
     ----------

@@ -17,7 +17,13 @@ Four networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of sh
   scores is a reparametrisation of ``Wq`` that the paper's (3) leaves out;
 * :class:`LinearMHSA`, network (5) of Sahiner et al.: ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j``,
   penalty ``beta/2 sum_j (||W1j||^2 + ||W2j||^2)``, at every token (sequence targets) or
-  mean-pooled; program (6) is its convex equivalent.
+  mean-pooled; program (6) is its convex equivalent;
+* :class:`GatedMHSA`, the gated-ReLU network of Sahiner et al.: the heads of (5), the scores of head j
+  masked by the fixed gate ``D_g(j)(X)[t, s] = 1[x_t^T H_g x_s >= 0]``,
+  ``f(X_i) = sum_j (D_g(j)(X_i) * (X_i W1j X_i^T)) X_i W2j``; the gated MHSA program is its convex
+  equivalent;
+* :class:`ReluMHSA`, the same heads with a real ReLU on the scores,
+  ``f(X_i) = sum_j relu(X_i W1j X_i^T) X_i W2j``: no fixed gate, so no convex program bounds it.
 
 The attention rows of (6)/(9)/(11) are stored directly and kept on the simplex by projection
 (:meth:`project_`, called by the trainer after every step): projected gradient. So every
@@ -49,10 +55,12 @@ import torch
 from ..core.errors import invalid
 from ..core.losses import get_loss, project_rows_to_simplex
 from ..core.programs import gate_mask
-from ..core.reductions import AttentionHeads, MHSAHeads
+from ..core.gated_mhsa import attention_masks
+from ..core.reductions import (AttentionHeads, GatedMHSAHeads, GatedMHSAReduction, LinearMHSAReduction,
+                               MHSAHeads, Proposition1)
 from ..core.validation import check_array, check_int
 
-MODELS = ("alternative", "gated", "softmax", "linear_mhsa")
+MODELS = ("alternative", "gated", "softmax", "linear_mhsa", "gated_mhsa", "relu_mhsa")
 
 
 def _tensor(a, dtype, device):
@@ -192,14 +200,12 @@ class AlternativeAttention(Network):
 
         ``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` (``h = 1`` without gates): the
         network's output equals the program's ``forward(Z)``, and ``P(Z) <=`` the network's
-        objective (the group norms are at most ``||w_2j|| ||w_3j||_1``), hence the bound.
+        objective (the group norms are at most ``||w_2j|| ||w_3j||_1``), hence the bound
+        (:meth:`cvxtransformer.core.reductions.Proposition1.coefficients`, in the program's shape).
         """
         w = self.to_weights()
         h = 1 if w.gate is None else self.U1.shape[0]
-        Z = np.zeros((h, self.c, self.n, self.d))
-        g = np.zeros(w.heads, dtype=int) if w.gate is None else w.gate
-        np.add.at(Z, g, np.einsum("jl,jk,jd->jlkd", w.W3, w.W1, w.W2))
-        return Z
+        return Proposition1.sum_heads(w.W1, w.W2, w.W3, np.zeros(w.heads, dtype=int) if w.gate is None else w.gate, h)
 
 
 class GatedAttention(AlternativeAttention):
@@ -223,15 +229,7 @@ class GatedAttention(AlternativeAttention):
         self._set_gate(np.arange(self.heads) % U1.shape[0] if gate is None else gate)
 
     def _set_gate(self, gate):
-        gate = np.asarray(gate)
-        h = self.U1.shape[0]
-        if gate.shape != (self.heads,) or (gate.size and gate.dtype.kind not in "iu"):
-            raise invalid("gate", f"{self.heads} integers in [0, {h}) (one per head)",
-                          f"shape {gate.shape}, dtype {gate.dtype}")
-        if gate.size and (gate.min() < 0 or gate.max() >= h):
-            raise invalid("gate", f"gate indices in [0, {h}) (rows of U1, U2)",
-                          f"values from {gate.min()} to {gate.max()}")
-        self.gate = gate.astype(np.int64)
+        self.gate = _checked_gate(gate, self.heads, self.U1.shape[0], "rows of U1, U2")
 
     @classmethod
     def from_weights(cls, weights, U1, U2, n=None, d=None, c=None, **kwargs):
@@ -258,6 +256,16 @@ class GatedAttention(AlternativeAttention):
 
     def forward(self, X, M):
         return (self.scores(X) * M) @ self.W3
+
+
+def _checked_gate(gate, heads, h, rows):
+    """Each head's gate as an int64 array (heads,) of indices in [0, h); errors name ``gate``."""
+    gate = np.asarray(gate)
+    if gate.shape != (heads,) or (gate.size and gate.dtype.kind not in "iu"):
+        raise invalid("gate", f"{heads} integers in [0, {h}) (one per head)", f"shape {gate.shape}, dtype {gate.dtype}")
+    if gate.size and (gate.min() < 0 or gate.max() >= h):
+        raise invalid("gate", f"gate indices in [0, {h}) ({rows})", f"values from {gate.min()} to {gate.max()}")
+    return gate.astype(np.int64)
 
 
 def _balanced(weights):
@@ -394,15 +402,105 @@ class LinearMHSA(Network):
     def effective_coefficients(self):
         """The coefficients Z (d^2, d c_token) of program (6) that this network implements:
         ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` (the output equals the program's map at Z,
-        and ``beta ||Z||_* <=`` the penalty)."""
+        and ``beta ||Z||_* <=`` the penalty; :meth:`cvxtransformer.core.reductions.LinearMHSAReduction.coefficients`)."""
         a = self.arrays()
-        d = self.d
-        return np.einsum("jak,jlb->kalb", a["W1"], a["W2"]).reshape(d * d, d * self.c_token)
+        return LinearMHSAReduction.sum_heads(a["W1"], a["W2"])
 
 
-def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, **kwargs):
-    """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11), ``"softmax"`` (3) or
-    ``"linear_mhsa"`` (5) (mean-pooled unless ``sequence``)."""
+# ----------------------------------------------------------------------------- gated-ReLU and ReLU MHSA
+class _ScoredMHSA(LinearMHSA):
+    """Heads of (5) whose attention scores ``X_i W1j X_i^T`` pass through a function before they
+    weigh the values: ``f(X_i) = sum_j phi_j(X_i W1j X_i^T) X_i W2j``; subclasses set phi."""
+
+    def _attend(self, X, scores):
+        """``sum_j scores_j X W2j`` with ``scores`` (N, n, m, n) (query t, head j, key s)."""
+        out = torch.einsum("itjs,isl,jlb->itb", scores, X, self.W2)
+        return out.mean(dim=1) if self.pooled else out.reshape(X.shape[0], -1)
+
+    def scores(self, X):
+        """``(X_i W1j X_i^T)[t, s]`` of shape (N, n, m, n)."""
+        return torch.einsum("ita,jak,isk->itjs", X, self.W1, X)
+
+
+class GatedMHSA(_ScoredMHSA):
+    """Gated-ReLU multi-head self-attention with ``m`` heads, head j on the fixed gate ``gate[j]``.
+
+    ``f(X_i) = sum_j (D_g(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` with ``D_g(X)[t, s] = 1[x_t^T H_g x_s >= 0]``
+    (:func:`cvxtransformer.core.gated_mhsa.attention_masks`); ``H`` (P, d, d): the gates of the gated
+    program; ``gate`` (m,) ints in [0, P) (default ``j mod P``). Parameters, outputs and penalty as
+    :class:`LinearMHSA`. The gated MHSA program is its convex equivalent: P(Z*) is a lower bound on
+    this objective for every m, attained once each gate g holds rank(Z*_g) heads.
+    """
+
+    name = "gated_mhsa"
+
+    def __init__(self, n, d, c, heads, H, gate=None, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64,
+                 device="cpu"):
+        super().__init__(n, d, c, heads, pooled, seed, init_scale, dtype, device)
+        H = np.asarray(H, dtype=float)
+        if H.ndim != 3 or H.shape[1:] != (d, d) or H.shape[0] == 0:
+            raise invalid("H", f"gate matrices of shape (P, {d}, {d}), P >= 1", f"shape {H.shape}")
+        self.H = H
+        self._set_gate(np.arange(self.heads) % H.shape[0] if gate is None else gate)
+
+    def _set_gate(self, gate):
+        self.gate = _checked_gate(gate, self.heads, self.H.shape[0], "gate matrices of H")
+
+    def encode_inputs(self, X):
+        (Xt,) = super().encode_inputs(X)
+        return Xt, attention_masks(Xt, torch.as_tensor(self.H, dtype=self.dtype, device=self.device))
+
+    def forward(self, X, D):
+        return self._attend(X, self.scores(X) * D[:, :, self.gate, :])
+
+    @torch.no_grad()
+    def set_weights(self, W1, W2, gate=None):
+        """Set the heads (``W1`` (m, d, d), ``W2`` (m, d, c_token)) and their gates (m,)."""
+        super().set_weights(W1, W2)
+        self._set_gate(np.arange(self.heads) % self.H.shape[0] if gate is None else gate)
+        return self
+
+    def to_weights(self):
+        a = self.arrays()
+        return GatedMHSAHeads(a["W1"], a["W2"], self.gate.copy())
+
+    def arrays(self):
+        return dict(super().arrays(), gate=self.gate.copy())
+
+    @classmethod
+    def from_weights(cls, heads, H, n, pooled=False, **kwargs):
+        """The network of :class:`GatedMHSAHeads` (e.g. recovered from the gated program) on its gates ``H``."""
+        m, d, c_token = heads.W2.shape
+        c = c_token if pooled else n * c_token
+        return cls(n, d, c, 0, H, pooled=pooled, **kwargs).set_weights(heads.W1, heads.W2, heads.gate)
+
+    @torch.no_grad()
+    def effective_coefficients(self):
+        """The coefficients Z (P, d^2, d c_token) of the gated program that this network implements
+        (:meth:`cvxtransformer.core.reductions.GatedMHSAReduction.coefficients`)."""
+        a = self.arrays()
+        return GatedMHSAReduction.sum_heads(a["W1"], a["W2"], a["gate"], self.H.shape[0])
+
+
+class ReluMHSA(_ScoredMHSA):
+    """Multi-head self-attention with a ReLU on the scores, ``m`` heads:
+    ``f(X_i) = sum_j relu(X_i W1j X_i^T) X_i W2j``. Parameters, outputs and penalty as
+    :class:`LinearMHSA`. Its masks move with W1, so no convex program of this package bounds it: the
+    gated program's optimum on random gates is a comparison point for it, not a bound."""
+
+    name = "relu_mhsa"
+
+    def forward(self, X):
+        return self._attend(X, torch.relu(self.scores(X)))
+
+    def effective_coefficients(self):
+        raise TypeError("relu_mhsa: no convex program has coefficients for it (its masks move with W1)")
+
+
+def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, H=None, **kwargs):
+    """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11), ``"softmax"`` (3),
+    ``"linear_mhsa"`` (5), ``"gated_mhsa"`` (gates ``H``) or ``"relu_mhsa"`` (the last three
+    mean-pooled unless ``sequence``)."""
     if model == "alternative":
         return AlternativeAttention(n, d, c, heads, seed=seed, **kwargs)
     if model == "gated":
@@ -413,4 +511,10 @@ def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, 
         return SoftmaxAttention(n, d, c, sequence=sequence, seed=seed, **kwargs)
     if model == "linear_mhsa":
         return LinearMHSA(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
+    if model == "gated_mhsa":
+        if H is None:
+            raise invalid("H", "the gate matrices of the gated MHSA program for the gated_mhsa network", "None")
+        return GatedMHSA(n, d, c, heads, H, pooled=not sequence, seed=seed, **kwargs)
+    if model == "relu_mhsa":
+        return ReluMHSA(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
     raise invalid("model", f"one of {MODELS}", repr(model))

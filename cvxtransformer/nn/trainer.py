@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..core.errors import invalid
 from ..core.losses import get_loss
-from ..core.validation import check_beta, check_choice, check_positive
+from ..core.validation import check_allocation, check_beta, check_choice, check_positive, format_bytes
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -42,7 +42,10 @@ OPTIMIZERS = ("adam", "sgd")
 class FitOutcome:
     """How :func:`fit` ended.
 
-    steps : steps done; seconds : optimisation time
+    Attributes
+    ----------
+    steps : steps done
+    seconds : optimisation time
     status : "finished", "time limit", "diverged", or the status a hook returned to stop the run
     values, times : the objective that each step minimised (before the step) and the optimisation
         time then (lists of length ``steps``, plus the diverged value when the run diverged)
@@ -139,6 +142,8 @@ def fit(optimizer, step_objective, n_samples, steps, batch_size=None, seed=0, ev
 class TrainHistory:
     """What :func:`train` recorded.
 
+    Attributes
+    ----------
     iterations, objective, seconds : ndarrays of shape (S + 1,): the full-data objective before
         step t (the last entry: after the last step) and the optimisation time then
     eval_iterations, eval_seconds : the steps at which metrics were evaluated
@@ -198,6 +203,35 @@ def make_optimizer(name, parameters, lr, momentum=0.0):
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
 
 
+STEP_MEMORY = 2.5  # peak of a training step / activations kept for the backward pass (2.1 measured on network (9))
+
+
+def check_memory(network, inputs, T, loss, beta):
+    """Refuse, before any step, a network whose pass over all N samples (an evaluation of the
+    objective, a full-batch step) would not fit in memory: ``STEP_MEMORY`` times the bytes autograd
+    keeps for one sample's backward pass (measured on that sample), times N. ``inputs``:
+    ``network.encode_inputs(X)``; ``T``: the encoded targets as a tensor."""
+    kept, parameters = [0], {p.data_ptr() for p in network.parameters()}
+
+    def pack(t):
+        if t.data_ptr() not in parameters:
+            kept[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        network.objective(tuple(a[:1] for a in inputs), T[:1], loss, beta)
+    N, heads = len(T), getattr(network, "heads", None)
+    need = STEP_MEMORY * kept[0] * N
+
+    def fix(room):
+        fits = "" if heads is None else f"; about {max(0, int(0.9 * heads * room / need))} heads would fit"
+        return "use fewer heads (compare --heads) or fewer samples" + fits
+
+    check_allocation("network", need,
+                     f"network {network.name}{'' if heads is None else f' with {heads} heads'} over N = {N} samples "
+                     f"({format_bytes(kept[0])} per sample), which takes", fix)
+
+
 def train(network, X, T, loss, beta, optimizer="adam", lr=1e-2, steps=1000, batch_size=None,
           seed=0, eval_every=None, X_test=None, T_test=None, time_limit=None, momentum=0.0,
           threads=1, progress=False):
@@ -241,6 +275,7 @@ def train(network, X, T, loss, beta, optimizer="adam", lr=1e-2, steps=1000, batc
     if inputs[0].shape[0] != N:
         raise invalid("T", f"{inputs[0].shape[0]} rows (one per sample of X)", f"shape {T.shape}")
     T_t = torch.as_tensor(T, dtype=network.dtype, device=network.device)
+    check_memory(network, inputs, T_t, loss, beta)
     test = None if X_test is None else (network.encode_inputs(X_test), np.asarray(T_test, dtype=float))
     opt = make_optimizer(optimizer, [p for p in network.parameters() if p.requires_grad], lr, momentum)
     full = []  # mini-batches: the full-data objective before each step, untimed

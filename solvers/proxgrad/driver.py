@@ -26,6 +26,7 @@ screening, Gram or data path, budgets) is taken from numbers that are the same o
 and the replicated iterate is checked to be identical at every certified check.
 """
 import contextlib
+import math
 import sys
 import time
 
@@ -39,7 +40,7 @@ from cvxtransformer.core.validation import check_choice, check_positive, check_t
 
 from ..base import Solver
 from .certifier import Certifier
-from .fista import Budget, fista
+from .fista import Budget, fista, overflow
 from .newton import Polisher
 from .prox_newton import prox_newton
 from .smooth import DataSmooth, GramSmooth
@@ -154,7 +155,8 @@ class ProxGrad(Solver):
             run = _Run(problem, o, o["progress"] or verbose, t_start)
             status = run.loop(tol, budget, o)
         t_end = time.perf_counter()
-        return BackendOutput(Z=run.x.cpu().numpy().reshape(problem.program.shape), V=run.cert.V_best.cpu().numpy(),
+        V = None if run.cert.V_best is None else run.cert.V_best.cpu().numpy()
+        return BackendOutput(Z=run.x.cpu().numpy().reshape(problem.program.shape), V=V,
                              status=status, build_seconds=run.build_seconds,
                              solve_seconds=t_end - t_start - run.build_seconds, iterations=budget.iterations,
                              history=run.history, screened=run.ws.screened_mask())
@@ -203,6 +205,9 @@ class _Run:
             if Yhat is None and not getattr(self.op64, "streams", False):  # streamed: one pass in check
                 Yhat = self.ws.forward(self.x)
             chk = self.cert.check(self.x, Yhat)
+            for what, value in (("the objective at the iterate", chk.primal), ("the dual objective", chk.dual)):
+                if not math.isfinite(value):
+                    raise overflow(what, value)
             if self.shards is not None and not self.shards.same(self.x):
                 raise SolverError("distributed: the processes' iterates differ (their replicated arithmetic is not "
                                   "identical: run every process with the same torch build, device type and threads)")

@@ -12,16 +12,20 @@ import time
 
 import torch
 
+from cvxtransformer.core.errors import SolverError
+
 SYNC_EVERY = 10  # iterations between two agreements on the clock (distributed solves)
 LIPSCHITZ_DECAY = 0.8  # after a step the curvature decided, L may shrink by this factor (backtracking only raises it)
 
 
 class Budget:
-    """Iterations and seconds left to a solve; shared by every inner solve. ``shards``: the data
-    shards of a distributed solve, whose processes must run out of time at the same iteration."""
+    """Iterations and seconds left to a solve; shared by every inner solve and checked by every
+    loop (iterations, backtracking). ``shards``: the data shards of a distributed solve, whose
+    processes must run out of time at the same call (they agree every ``SYNC_EVERY`` calls, which
+    every process makes in the same order)."""
 
     def __init__(self, max_iter, time_limit, shards=None):
-        self.iterations = 0
+        self.iterations = self.calls = 0
         self.max_iter = max_iter
         self.deadline = None if time_limit is None else time.perf_counter() + time_limit
         self.shards = shards
@@ -30,14 +34,21 @@ class Budget:
         if self.iterations >= self.max_iter:
             return "max_iter"
         if self.deadline is not None:
+            self.calls += 1
             late = time.perf_counter() >= self.deadline
             if self.shards is not None:
-                if self.iterations % SYNC_EVERY:
+                if (self.calls - 1) % SYNC_EVERY:  # calls 1, 1 + SYNC_EVERY, ...
                     return None
                 late = self.shards.any_(late)
             if late:
                 return "time_limit"
         return None
+
+
+def overflow(what, value):
+    """The error of a step that left float64's range: the data's magnitude is the usual cause."""
+    return SolverError(f"solver: fista: {what} is {value} (float64 overflowed); rescale the data (X, y) toward unit "
+                       "magnitude, or try --solver clarabel")
 
 
 def _dot(a, b):
@@ -77,17 +88,22 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
     ix = sm.image(x)
     y, iy, t = x, ix, 1.0
     best, stale = math.inf, 0
+    if not math.isfinite(L):
+        raise overflow("the Lipschitz estimate of the gradient", L)
+    L = L if L > 0 else 1.0  # no curvature seen along the gradient: backtracking finds it
     while True:
         reason = budget.spent()
         if reason:
             return x, ix, L, reason
         g, state = sm.grad(y, iy)
         fy = None if sm.quadratic else float(sm.value(y, iy))
-        while True:
+        while True:  # backtracking: L grows by 1.25 at least per pass, so it ends, at the latest by overflow
             xn = reg.prox(torch.add(y, g, alpha=-1.0 / L), 1.0 / L)
             ixn = sm.image(xn)
             d = xn - y
             dd = _dot(d, d)
+            if not math.isfinite(dd):
+                raise overflow("the squared length of a step", dd)
             if dd == 0.0:  # no move: nothing to test (the images may differ by rounding only)
                 fxn = None if sm.quadratic else float(sm.value(xn, ixn))
                 break
@@ -102,7 +118,14 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
                 ok = excess <= 0.5 * L * dd + slack * abs(fy)
             if ok:
                 break
+            if not math.isfinite(need):
+                raise overflow("the curvature along a step", need)
             L = max(1.1 * need, 1.25 * L)
+            if not math.isfinite(L):
+                raise overflow("the Lipschitz estimate of the gradient", L)
+            reason = budget.spent()
+            if reason:
+                return x, ix, L, reason
         if not sm.quadratic and dd > 0.0 and 0.5 * L * dd > 100.0 * slack * abs(fy):  # the curvature decided
             L = max(LIPSCHITZ_DECAY * L, 1.1 * need)  # L follows a curvature that fell (near-separable classes)
         budget.iterations += 1
@@ -117,7 +140,7 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
             best = min(best, gap)
             if stale >= stall_checks:
                 return xn, ixn, L, "stalled"
-            if polish is not None:
+            if polish is not None and not budget.spent():
                 found = polish(sm, reg, xn, primal, gap, tol, on_check, budget.iterations)
                 if found is not None and found[3]:
                     return found[0], found[1], L, "converged"

@@ -8,10 +8,10 @@ and every iteration of the accelerated proximal gradient needs one product with 
 * :class:`DataSmooth`: any loss and any program, from the program's torch operator (chunks of
   samples); the layout is the operator's; the image is ``yhat`` of shape (N, n_outputs).
 * :class:`GramSmooth`: a quadratic loss on an operator that offers ``gram`` (programs (8), (10),
-  (12)), from ``H = A_l^T A_l`` (F, F) and ``B = A^T T`` (c, F), F = |J|*|K|*d: an iteration
-  costs F^2 c, independent of N; layout (c, |J|, |K|, d) (groups stay on the last axis). ``H`` may
-  also couple the outputs, (cF, cF): the Newton model of a loss that is not separable over outputs
-  (:mod:`.prox_newton`).
+  (12)), from ``H = A_l^T A_l`` (F, F) and ``B = A^T T`` (c, F), ``F = |J| |K| d``: an iteration
+  costs F^2 c, independent of N; layout ``(c, |J|, |K|, d)`` (groups stay on the last axis). ``H``
+  may also couple the outputs, (cF, cF): the Newton model of a loss that is not separable over
+  outputs (:mod:`.prox_newton`).
 
 Each offers ``image(x)``, ``grad(y, iy) -> (g, state)`` with ``state`` the dual information at
 ``y``, ``value(x, ix)`` (float64), ``dual_value(state, s)`` = D(s V_y) (float64) and, for a
@@ -104,7 +104,7 @@ class GramSmooth:
         self.B4 = B.view(self.shape)
 
     def from_canonical(self, x4):
-        """(|J|, c, |K|, d) -> (c, |J|, |K|, d)."""
+        """``(|J|, c, |K|, d) -> (c, |J|, |K|, d)``."""
         return x4.transpose(0, 1).contiguous()
 
     def to_canonical(self, x):

@@ -4,10 +4,15 @@
   discards groups proved zero; the working set holds the support and the worst KKT violators and
   grows until no block outside it violates the KKT conditions; subproblems restrict the operator
   to gates J and tokens K.
-* :class:`WholeProblem` (nuclear norm): every iteration works on the whole matrix; gap-safe
-  screening gives a proved bound on the rank of every optimum (reported).
+* :class:`WholeProblem` (any regulariser): every iteration works on the whole problem; gap-safe
+  screening marks the blocks proved zero (for the nuclear norm, a proved bound on the rank of every
+  optimum, reported).
+* :class:`GateWorkingSet` (nuclear norm): working sets of gates of a stack ``(P, p, q)`` of matrices
+  (the gated MHSA program); gates proved zero are dropped, a gate enters when its dual norm
+  ``||(A^T V)_g||_2`` exceeds beta, and subproblems restrict the operator to the gates of the set.
+  A single matrix (program (6)) is one gate: the whole problem.
 
-Both offer ``forward`` (``A x`` for a certificate check), ``screen``, ``next`` (the next working
+Each offers ``forward`` (``A x`` for a certificate check), ``screen``, ``next`` (the next working
 set, as a hashable key: None for the whole problem), ``restrict``, ``extract``, ``embed`` and
 ``screened_mask``.
 """
@@ -120,11 +125,9 @@ class BlockWorkingSet:
 
 
 class WholeProblem:
-    """No working set (the nuclear norm): every iteration works on the whole matrix, and the path
-    is made cheap by warm starts. Gap-safe screening proves a bound on the rank of every optimum
-    (the number of unscreened singular directions), reported with the solution. A working set of
-    row and column subspaces was tried: on the sizes of docs/mhsa.md it never paid, because the map
-    costs O(N d^3 c) either way and the SVD of the prox is cheap beside it."""
+    """No working set: every iteration works on the whole problem, and the path is made cheap by warm
+    starts. Gap-safe screening marks the blocks proved zero at every optimum (for the nuclear norm the
+    unscreened singular directions are a proved bound on the rank), reported with the solution."""
 
     polishable = False
 
@@ -140,8 +143,10 @@ class WholeProblem:
 
     def screen(self, G_best, radius):
         p = self.problem
-        self.mask |= p.regularizer.screen(G_best.cpu().numpy(), radius, p.program.block_norms())
-        return int(self.mask.sum())  # each test holds at every optimum: keep every direction proved inactive
+        shape = p.program.canonical_shape
+        found = p.regularizer.screen(G_best.cpu().numpy().reshape(shape), radius, p.program.block_norms())
+        self.mask |= np.asarray(found).reshape(self.mask.shape)
+        return int(self.mask.sum())  # each test holds at every optimum: keep every block proved inactive
 
     def next(self, chk, x, enabled, p0):
         return None, True, int(np.prod(x.shape))
@@ -162,7 +167,78 @@ class WholeProblem:
         return self.mask.copy()
 
 
-STRATEGIES = {GroupLasso: BlockWorkingSet, NuclearNorm: WholeProblem}
+class GateWorkingSet(WholeProblem):
+    """Working sets of gates for a nuclear norm summed over a stack ``(P, p, q)`` of matrices.
+
+    Only gates that can be nonzero are touched: a gate whose singular directions are all proved
+    inactive by screening is dropped (its coefficients are zero at every optimum), and a gate enters
+    the set when it is nonzero or its dual norm ``||(A^T V)_g||_2`` exceeds beta (the worst violators
+    first, at most doubling the set, as :class:`BlockWorkingSet`; the first set holds the gates of
+    ``p0`` singular directions). Each subproblem restricts the
+    operator to the gates of the set (``op.restrict(J)``). A single matrix (program (6)) is one gate,
+    always in the set: the whole problem. Within a gate, no working set of row and column subspaces:
+    it was tried on program (6) and never paid (the map costs O(N d^3 c) either way, the SVD of the
+    prox is cheap beside it).
+    """
+
+    def __init__(self, problem, op, norms="auto"):
+        super().__init__(problem, op, norms)
+        shape = problem.program.canonical_shape
+        self.gates = shape[0] if len(shape) == 3 else 1
+        self.mask = self.mask.reshape(self.gates, -1)  # singular directions proved inactive, per gate
+        self.ws = None
+
+    def forward(self, x):
+        """``A x`` from the gates where ``x`` is nonzero only."""
+        if self.gates == 1:
+            return self.op.forward(x)
+        J = torch.nonzero(torch.linalg.matrix_norm(x) > 0).flatten()
+        if len(J) == 0:
+            return torch.zeros(self.op.N, self.op.n_outputs, dtype=F64, device=self.op.device)
+        return self.op.forward(x) if len(J) > 0.5 * self.gates else self.op.restrict(J).forward(x.index_select(0, J))
+
+    def next(self, chk, x, enabled, p0):
+        """The next working set (``(J,)``, J a tensor of gates; None: every gate), whether it is settled (no gate
+        outside it violates its dual constraint), and its number of coefficients."""
+        if self.gates == 1:
+            return None, True, int(np.prod(x.shape))
+        open_ = torch.from_numpy(~self.mask.all(axis=1)).to(x.device)
+        if self.ws is None:
+            self.ws = torch.zeros(self.gates, dtype=torch.bool, device=x.device)
+        self.ws = (self.ws | (torch.linalg.matrix_norm(x) > 0)) & open_
+        score = torch.linalg.matrix_norm(chk.G, ord=2) / self.problem.beta
+        candidates = open_ & ~self.ws & (score > 1.0)
+        n_cand = int(candidates.sum())
+        if n_cand:
+            first = -(-p0 // self.mask.shape[1])  # p0 blocks (singular directions): whole gates
+            take = n_cand if not enabled else min(n_cand, max(first, int(self.ws.sum())))
+            self.ws[torch.topk(torch.where(candidates, score, -np.inf), take).indices] = True
+        if not self.ws.any() and open_.any():  # nothing violates at x: keep the best-scored open gate
+            self.ws[int(torch.argmax(torch.where(open_, score, -np.inf)))] = True
+        settled = n_cand == 0 or bool((self.ws | ~open_).all())
+        J = torch.nonzero(self.ws).flatten()
+        return (J,), settled, len(J) * int(np.prod(x.shape[1:]))
+
+    @staticmethod
+    def restrict(op, key):
+        return op if key is None else op.restrict(key[0])
+
+    @staticmethod
+    def extract(x, key):
+        return x if key is None else x.index_select(0, key[0])
+
+    def embed(self, block, key):
+        if key is None:
+            return block
+        return torch.zeros((self.gates,) + tuple(block.shape[1:]), dtype=block.dtype,
+                           device=block.device).index_copy_(0, key[0], block)
+
+    def screened_mask(self):
+        """Singular directions proved inactive: one row per gate (P, min(p, q)), or (min(p, q),) for one matrix."""
+        return self.mask.reshape(self.problem.program.shape[:-2] + (-1,)).copy()
+
+
+STRATEGIES = {GroupLasso: BlockWorkingSet, NuclearNorm: GateWorkingSet}
 
 
 def working_set_for(problem, op, norms):

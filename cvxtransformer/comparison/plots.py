@@ -1,43 +1,47 @@
-"""PNG plots of ``cvxtransformer compare`` (matplotlib, Agg backend), written atomically.
+"""PNG plots of :func:`cvxtransformer.compare` (matplotlib), written atomically.
 
 * :func:`plot_objective`: objective (and training loss) against training time for every network
   run, the certified optimum of each convex program as a horizontal line, and the certified gap
   ``objective - D(V)`` of the runs that the bound covers;
 * :func:`plot_test_loss`: test loss against time, the convex solution's as a line;
 * :func:`plot_attention`: attention maps side by side, one row per output token;
-* :func:`plot_singular_values`: singular values of the convex solution of program (6) against
-  those of the networks' effective coefficients;
+* :func:`plot_singular_values`: singular values of the convex solution of program (6) (or of each
+  gate's Z_g) against those of the networks' effective coefficients;
 * :func:`plot_tuning`: validation loss over the tuning grid of ``compare --tune``;
 * :func:`attention_distance`: how far an attention map is from the teacher's.
 
-Legends use the command line's names (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``).
-Attention maps are arrays of shape (rows, n): row t is the weight of every input token k in output
-token t. :func:`convex_attention_map` makes one from a convex solution: the group norms
-``||Z[j, (t, l), k]||``, summed over the gates j and the outputs l of token t.
+Colours follow the model (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``, ``gated_mhsa``,
+``relu_mhsa``, ``convex``).
+Attention maps are arrays of shape (rows, n): row r is the weight of every input token k in output
+r. :func:`convex_attention_map` makes one from a convex solution: the group norms
+``||Z[j, l, k]||`` summed over the gates j, one row per output l, or per output token t (the
+outputs ``(t, l)`` of token t summed), or one row for all outputs.
+
+matplotlib is imported when a plot is drawn, not with this module.
 """
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.colors  # noqa: E402
-import matplotlib.patches  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
-
-from ..core.io import save_figure  # noqa: E402
+from ..core.io import save_figure
 
 COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
-          "convex": "tab:cyan"}
-CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green"}
+          "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown"}
+CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green"}
 
 
-def convex_attention_map(Z4, n_out_tokens=1):
-    """Token group norms of canonical coefficients ``Z4`` (h, c, n, d), shape (n_out_tokens, n).
+def convex_attention_map(Z4, n_out_tokens=None):
+    """Token group norms of canonical coefficients ``Z4`` (h, c, n, d), summed over the gates: shape
+    (c, n), one row per output, or (n_out_tokens, n).
 
     With sequence targets the c outputs are ``(t, l)`` flattened row-major (docs/conventions.md), so
-    ``n_out_tokens = n`` folds them into one row per output token t.
+    ``n_out_tokens = n`` folds them into one row per output token t; ``n_out_tokens = 1`` sums all outputs.
+
+    >>> Z4 = np.ones((1, 2, 3, 4))  # one gate, 2 outputs, 3 tokens: every group norm is 2
+    >>> convex_attention_map(Z4).tolist(), convex_attention_map(Z4, 1).tolist()
+    ([[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]], [[4.0, 4.0, 4.0]])
     """
     norms = np.linalg.norm(Z4, axis=-1).sum(axis=0)  # (c, n)
+    if n_out_tokens is None:
+        return norms
     c, n = norms.shape
     return norms.reshape(n_out_tokens, c // n_out_tokens, n).sum(axis=1)
 
@@ -52,7 +56,19 @@ def _style(i):
     return ["-", "--", "-.", ":"][i % 4]
 
 
+def _subplots(nrows, ncols, figsize, layout=None, **kwargs):
+    """A figure on an Agg canvas and its axes, without pyplot (no backend is switched, in a notebook too)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
 def _log_time_axis(ax):
+    from matplotlib.ticker import LogLocator, NullFormatter
+
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(numticks=6))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -62,17 +78,21 @@ def _log_time_axis(ax):
 def plot_objective(runs, convex, path, title=""):
     """Objective, training loss and certified gap against time.
 
+    With ``loss_sum`` a middle panel shows the training loss alone: unlike the objectives, whose
+    regularisers differ between (3) and the convex family (and with the beta of each model when
+    tuned), it is the same function for every model.
+
+    Parameters
+    ----------
     runs : dict name -> dict(model, seconds=(S+1,), objective=(S+1,), lower_bound=float or None,
         and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples)
         (``lower_bound`` is D(V) of the convex program that bounds this network, None for (3))
     convex : dict program -> dict(primal_objective, dual_objective, optionally loss_sum, label)
-
-    With ``loss_sum`` a middle panel shows the training loss alone: unlike the objectives, whose
-    regularisers differ between (3) and the convex family (and with the beta of each model when
-    tuned), it is the same function for every model.
+    path : the PNG file
+    title : the left panel's title
     """
     with_loss = any("loss_sum" in run for run in runs.values())
-    fig, axes = plt.subplots(1, 3 if with_loss else 2, figsize=(16.5 if with_loss else 11, 4.2))
+    fig, axes = _subplots(1, 3 if with_loss else 2, figsize=(16.5 if with_loss else 11, 4.2))
     ax, ax_gap = axes[0], axes[-1]
     seen = {}
     for name, run in runs.items():
@@ -120,11 +140,17 @@ def plot_tuning(grids, convex, path):
     """Validation loss over the tuning grid: one heatmap per model (learning rate x beta, the choice
     boxed) and the exact convex solutions' validation loss against beta.
 
+    Parameters
+    ----------
     grids : dict name -> dict(lr=(L,), beta_frac=(B,), loss=(L, B) validation losses (NaN: diverged),
         chosen=(i, j))
     convex : dict program -> dict(beta_frac=(B,), loss=(B,), chosen=j)
+    path : the PNG file
     """
-    fig, axes = plt.subplots(1, len(grids) + 1, figsize=(4.2 * (len(grids) + 1), 3.8), squeeze=False,
+    import matplotlib.colors
+    import matplotlib.patches
+
+    fig, axes = _subplots(1, len(grids) + 1, figsize=(4.2 * (len(grids) + 1), 3.8), squeeze=False,
                              layout="constrained")
     finite = [v for g in grids.values() for v in np.ravel(g["loss"]) if np.isfinite(v)]
     finite += [v for c in convex.values() for v in c["loss"] if np.isfinite(v)]
@@ -176,7 +202,7 @@ def attention_distance(M, teacher):
 def plot_test_loss(runs, convex, path):
     """Test loss per sample against time; ``runs``: name -> dict(model, eval_seconds, test_loss);
     ``convex``: program -> dict(test_loss)."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = _subplots(1, 1, figsize=(6, 4.2))
     seen = {}
     for name, run in runs.items():
         t, loss = np.asarray(run["eval_seconds"]), np.asarray(run["test_loss"])
@@ -195,25 +221,25 @@ def plot_test_loss(runs, convex, path):
 
 
 def plot_attention(maps, path):
-    """Heatmaps of attention maps side by side; ``maps``: title -> array (rows, n).
+    """Heatmaps of attention maps side by side; ``maps``: title -> ``(array (rows, n), row label)``.
 
     Each row is divided by its sum, so every panel shows the share of each input token in
-    each output token (group norms for the convex solution and networks (9)/(11), softmax
+    each output (group norms for the convex solution and networks (9)/(11), softmax
     probabilities for (3)), on one colour scale for all panels.
     """
-    shares = {}
-    for title, M in maps.items():
+    shares, labels = {}, {}
+    for title, (M, labels[title]) in maps.items():
         M = np.asarray(M, dtype=float)
         sums = M.sum(axis=1, keepdims=True)
         shares[title] = np.divide(M, sums, out=np.zeros_like(M), where=sums > 0)
     vmax = max(max(float(S.max()) for S in shares.values()), 1e-12)
     rows = max(S.shape[0] for S in shares.values())
-    fig, axes = plt.subplots(1, len(maps), figsize=(3.6 * len(maps), max(2.6, 1.6 + 0.3 * rows)), squeeze=False)
+    fig, axes = _subplots(1, len(maps), figsize=(3.6 * len(maps), max(2.6, 1.6 + 0.3 * rows)), squeeze=False)
     for ax, (title, M) in zip(axes[0], shares.items()):
         im = ax.imshow(M, cmap="viridis", vmin=0, vmax=vmax, aspect="auto", interpolation="nearest")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("input token k")
-        ax.set_ylabel("output token t" if M.shape[0] > 1 else "output (one per sequence)")
+        ax.set_ylabel(labels[title])
         ax.set_yticks(range(M.shape[0]))
         ax.set_xticks(range(M.shape[1]))
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the row")
@@ -222,22 +248,37 @@ def plot_attention(maps, path):
     save_figure(fig, path)
 
 
-def plot_singular_values(convex, networks, beta, path):
-    """Singular values of Z* of program (6) (``convex``, descending) and of each network's effective
-    coefficients (``networks``: name -> singular values), on a log scale."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    floor = 1e-12 * max(float(np.max(convex)) if len(convex) else 1.0, 1e-300)
-    k = np.arange(1, len(convex) + 1)
-    ax.semilogy(k, np.maximum(convex, floor), "o-", color="tab:green", label="convex Z* (program (6))")
-    for i, (name, s) in enumerate(networks.items()):
-        ax.semilogy(np.arange(1, len(s) + 1), np.maximum(s, floor), ls=_style(i), marker=".",
-                    color=COLORS["linear_mhsa"], alpha=0.5 + 0.5 / (i + 1), label=name)
-    rank = int(np.sum(convex > floor * 1e3))
-    ax.axvline(rank + 0.5, color="gray", lw=0.8, ls=":")
-    ax.text(rank + 0.6, ax.get_ylim()[1], f"rank(Z*) = {rank}", va="top", fontsize=8, color="gray")
-    ax.set_xlabel("index i")
-    ax.set_ylabel("singular value sigma_i")
-    ax.set_title(f"Singular values (beta = {beta:.4g})")
-    ax.legend(fontsize=8)
+def plot_singular_values(convex, networks, beta, path, program="program (6)"):
+    """Singular values of Z* (``convex``, descending) and of each network's effective coefficients
+    (``networks``: name -> singular values), on a log scale. Arrays (P, k) are a stack of matrices
+    (the gated MHSA program): one panel per gate, with its rank."""
+    convex = np.atleast_2d(convex)
+    P = convex.shape[0]
+    cols = min(P, 4)
+    rows = -(-P // cols)
+    fig, axes = _subplots(rows, cols, figsize=(6.4 if P == 1 else 3.6 * cols, 4.2 if P == 1 else 3.2 * rows),
+                          squeeze=False)
+    floor = 1e-12 * max(float(np.max(convex)) if convex.size else 1.0, 1e-300)
+    for g, ax in enumerate(axes.ravel()):
+        if g >= P:
+            ax.axis("off")
+            continue
+        k = np.arange(1, convex.shape[1] + 1)
+        ax.semilogy(k, np.maximum(convex[g], floor), "o-", color="tab:green",
+                    label=f"convex Z* ({program})" if P == 1 else "convex Z*_g")
+        for i, (name, s) in enumerate(networks.items()):
+            s = np.atleast_2d(s)[g]
+            ax.semilogy(np.arange(1, len(s) + 1), np.maximum(s, floor), ls=_style(i), marker=".",
+                        color=COLORS["linear_mhsa"], alpha=0.5 + 0.5 / (i + 1), label=name)
+        rank = int(np.sum(convex[g] > floor * 1e3))
+        ax.axvline(rank + 0.5, color="gray", lw=0.8, ls=":")
+        ax.text(rank + 0.6, ax.get_ylim()[1], f"rank = {rank}", va="top", fontsize=8, color="gray")
+        ax.set_xlabel("index i")
+        ax.set_ylabel("singular value sigma_i")
+        ax.set_title(f"Singular values (beta = {beta:.4g})" if P == 1 else f"gate {g}", fontsize=10 if P > 1 else None)
+        if g == 0:
+            ax.legend(fontsize=7)
+    if P > 1:
+        fig.suptitle(f"Singular values of each Z_g, {program} (beta = {beta:.4g})")
     fig.tight_layout()
     save_figure(fig, path)

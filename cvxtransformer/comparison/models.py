@@ -1,0 +1,241 @@
+"""The models that :func:`cvxtransformer.compare` trains against the convex optimum: one row of
+:data:`MODELS` each.
+
+A row says which network the model is (its equation), the programs of a comparison it can join,
+the convex problem whose certificate bounds it (None where no convex program does: softmax
+attention (3)), how to build the network, and its default head counts. A new model is one new
+row here; the comparison, its report, its plots and the ``compare`` command then take it.
+
+Example
+-------
+>>> import numpy as np, cvxtransformer as ct
+>>> X = np.random.default_rng(0).standard_normal((20, 3, 2))
+>>> P = ct.make_problem(X, X[:, 0, :], program=10, beta=0.5)
+>>> [MODELS[m].bounding(P, 2, 0).program.label for m in ("alternative", "gated")]
+['program (10)', 'program (12)']
+>>> MODELS["softmax"].bounding is None, MODELS["gated"].equation
+(True, '(11)')
+"""
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..core.errors import invalid
+
+ATTENTION_PROGRAMS = (8, 10, 12)
+
+
+def attention_problem(problem, number, gates=8, gate_seed=0):
+    """Program ``number`` (8, 10 or 12) on the data, loss and encoded targets of ``problem`` (a
+    problem of program (8), (10) or (12)), at its beta; ``problem`` itself if it is that program.
+
+    Program (12) takes the gates of ``problem`` when it has some, else ``gates``: a count h (the
+    vectors are sampled from ``gate_seed`` as :func:`cvxtransformer.make_problem` samples them) or
+    a pair ``(U1, U2)`` of shapes (h, n) and (h, d).
+    """
+    from ..core.problem import ConvexProblem
+    from ..core.programs import AttentionProgram, sample_gates
+    from ..core.validation import check_array, check_int
+
+    program = problem.program
+    if program.name == number:
+        return problem
+    U1 = U2 = None
+    if number == 12:
+        if getattr(program, "U1", None) is not None:
+            U1, U2 = program.U1, program.U2
+        elif isinstance(gates, tuple):
+            U1, U2 = (check_array(name, U, 2, f"shape (h, {k})") for name, U, k in
+                      (("U1", gates[0], program.n), ("U2", gates[1], program.d)))
+            if U1.shape[1] != program.n or U2.shape[1] != program.d or U1.shape[0] != U2.shape[0]:
+                raise invalid("gates", f"(U1, U2) of shapes (h, {program.n}) and (h, {program.d})",
+                              f"{U1.shape} and {U2.shape}")
+        else:
+            U1, U2 = sample_gates(check_int("gates", gates, 1), program.n, program.d, gate_seed)
+    other = AttentionProgram(number, program.X, program.n_outputs, U1, U2)
+    return ConvexProblem(other, problem.loss, problem.T, other.regularizer_class(problem.beta))
+
+
+def _program_10(problem, gates, gate_seed):
+    """Network (9) is bounded by program (10), or by (8) in a comparison on program (8)."""
+    return attention_problem(problem, 8 if problem.program.name == 8 else 10)
+
+
+def _program_12(problem, gates, gate_seed):
+    """Network (11) is bounded by program (12) on the same gates."""
+    return attention_problem(problem, 12, gates, gate_seed)
+
+
+def _itself(problem, gates, gate_seed):
+    return problem
+
+
+def _groups(problem, solution):
+    """Enough heads for any solution of the bounding program: one per group (Proposition 1)."""
+    return [problem.program.n_blocks]
+
+
+def _around_rank(problem, solution):
+    """For (5) and the gated MHSA networks: below, at and above rank(Z*) (summed over the gates), the
+    number of heads the optimum needs."""
+    r = solution.certificate.support_size
+    return sorted({max(1, r - 1), max(1, r), max(1, 2 * r)})
+
+
+def _alternative(problem, heads, sequence, seed):
+    from ..nn.networks import AlternativeAttention
+
+    p = problem.program
+    return AlternativeAttention(p.n, p.d, p.n_outputs, heads, seed=seed)
+
+
+def _gated(problem, heads, sequence, seed):
+    from ..nn.networks import GatedAttention
+
+    p = problem.program
+    return GatedAttention(p.n, p.d, p.n_outputs, heads, p.U1, p.U2, seed=seed)
+
+
+def _softmax(problem, heads, sequence, seed):
+    from ..nn.networks import SoftmaxAttention
+
+    N, n, d = problem.program.X.shape
+    return SoftmaxAttention(n, d, problem.T.shape[1], sequence=sequence, seed=seed)
+
+
+def _linear_mhsa(problem, heads, sequence, seed):
+    from ..nn.networks import LinearMHSA
+
+    N, n, d = problem.program.X.shape
+    return LinearMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
+
+
+class GatedHeads(int):
+    """A head count that carries each head's gate (``gate``, ints (m,)), for the gated MHSA network."""
+
+    def __new__(cls, gate):
+        count = super().__new__(cls, len(gate))
+        count.gate = gate
+        return count
+
+
+def _per_gate_ranks(problem, solution):
+    """For the gated MHSA network: below, at and above ``sum_g rank(Z*_g)`` heads, placed on the gates
+    that need them: ``rank(Z*_g)`` heads on gate g (at), one fewer on the gate that needs the most
+    (below), twice as many (above). Head counts given by the user are placed round robin instead."""
+    import numpy as np
+
+    ranks = problem.regularizer.ranks(solution.Z)
+    if ranks.sum() == 0:
+        return [1]
+    fewer = ranks - (np.arange(len(ranks)) == np.argmax(ranks))
+    counts = ([fewer] if fewer.sum() else []) + [ranks, 2 * ranks]
+    return [GatedHeads(np.repeat(np.arange(len(ranks)), c)) for c in counts]
+
+
+def _gated_mhsa(problem, heads, sequence, seed):
+    from ..nn.networks import GatedMHSA
+
+    p = problem.program
+    return GatedMHSA(p.n, p.d, problem.T.shape[1], heads, p.H, gate=getattr(heads, "gate", None),
+                     pooled=not sequence, seed=seed)
+
+
+def _relu_mhsa(problem, heads, sequence, seed):
+    from ..nn.networks import ReluMHSA
+
+    N, n, d = problem.program.X.shape
+    return ReluMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
+
+
+def _convex(problem, heads, sequence, seed):
+    from ..nn.convex import ConvexAttention
+
+    return ConvexAttention(problem.program)
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model of the comparison.
+
+    Attributes
+    ----------
+    equation : the network's equation, e.g. ``"(9)"``; None for ``convex``, which is the program itself
+    programs : the programs (``problem.program.name``) of a comparison that the model can join
+    bounding : callable(problem, gates, gate_seed) -> the :class:`ConvexProblem` whose certificate D(V)
+        bounds the model's objective from below, at ``problem``'s beta; None: no convex program bounds
+        it, and it is compared with ``problem``'s optimum instead
+    build : callable(problem, heads, sequence, seed) -> the network (a torch module of
+        :mod:`cvxtransformer.nn`), on the bounding problem (or on the comparison's problem)
+    default_heads : callable(problem, solution) -> head counts when none are given (``problem``, its
+        certified ``solution``); None: the model has no head count (one run)
+    note : for a model no program bounds, what its comparison with the optimum means (None: the
+        default note of softmax attention, whose regulariser is not the convex one)
+    """
+
+    equation: Optional[str]
+    programs: tuple
+    bounding: Optional[Callable]
+    build: Callable
+    default_heads: Optional[Callable] = None
+    note: Optional[str] = None
+
+
+MODELS = {
+    "alternative": Model("(9)", ATTENTION_PROGRAMS, _program_10, _alternative, _groups),
+    "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, _gated, _groups),
+    "softmax": Model("(3)", ATTENTION_PROGRAMS + ("mhsa",), None, _softmax),
+    "linear_mhsa": Model("(5)", ("mhsa",), _itself, _linear_mhsa, _around_rank),
+    "gated_mhsa": Model("(gated MHSA)", ("gated_mhsa",), _itself, _gated_mhsa, _per_gate_ranks),
+    "relu_mhsa": Model("(ReLU MHSA)", ("gated_mhsa",), None, _relu_mhsa, _around_rank,
+                       note="the ReLU network has the gated network's heads and weight decay, but masks that move "
+                            "with W1: the gated program's optimum is no bound for it, and objective - convex optimum "
+                            "< 0 means it does better than any network on these fixed gates"),
+    "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex),
+}
+DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax"),
+                  "mhsa": ("linear_mhsa",), "gated_mhsa": ("gated_mhsa", "relu_mhsa")}
+
+
+def equation(model, program):
+    """The equation of a model, e.g. ``(9)``; ``convex`` is the comparison's program, trained by Adam/SGD."""
+    return MODELS[model].equation or f"({program})"
+
+
+def check_models(models, program, tuned=False, argument="models"):
+    """The list of model names of a comparison on ``program``: ``models`` as a list or a comma-separated
+    string, or None for the defaults (with ``tuned``, ``convex`` is added for the group-lasso programs)."""
+    if models is None:
+        models = DEFAULT_MODELS[program] + (("convex",) if tuned and "convex" in MODELS and
+                                            program in MODELS["convex"].programs else ())
+    text = models
+    if isinstance(models, str):
+        models = [m.strip() for m in models.split(",") if m.strip()]
+    names = list(dict.fromkeys(models))
+    if not names or any(not isinstance(m, str) or m not in MODELS for m in names):
+        raise invalid(argument, f"a comma-separated list from {', '.join(MODELS)}", repr(text))
+    wrong = [m for m in names if program not in MODELS[m].programs]
+    if wrong:
+        fits = [m for m in MODELS if program in MODELS[m].programs]
+        raise invalid(argument, f"{' or '.join(fits)} with program ({program})", repr(text),
+                      f"{wrong[0]} joins program{'s' if len(MODELS[wrong[0]].programs) > 1 else ''} "
+                      + ", ".join(map(str, MODELS[wrong[0]].programs)))
+    return names
+
+
+def check_heads(heads, argument="heads"):
+    """None (each model's default) or a list of head counts >= 1, from an int, a list or ``"1,2,4"``."""
+    if heads is None:
+        return None
+    text = heads
+    try:
+        if isinstance(heads, str):
+            heads = [int(v) for v in heads.split(",") if v.strip()]
+        elif not isinstance(heads, (list, tuple)):
+            heads = [heads]
+        ok = all(not isinstance(h, bool) and int(h) == h for h in heads)
+        heads = [int(h) for h in heads] if ok else []
+    except (TypeError, ValueError):
+        heads = []
+    if not heads or min(heads) < 1:
+        raise invalid(argument, "an integer >= 1 or a comma-separated list of them", repr(text))
+    return list(dict.fromkeys(heads))

@@ -1,0 +1,329 @@
+""":func:`compare`: the certified convex optimum against networks trained by SGD or Adam.
+
+:func:`plan` validates everything (no solve, no training); :meth:`Plan.run` solves every convex
+program a model needs (with the verifier's refined dual point, so that no gap is inflated by a
+loose bound), trains the models and returns a :class:`~.result.Comparison`. :func:`compare` is
+both in one call. With ``tune`` the learning rate and beta of every model are chosen on the
+validation split first (:mod:`.tuning`).
+"""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import InvalidInputError, invalid
+from .models import MODELS, check_heads, check_models, equation
+
+LR_GRID, BETA_GRID = (1e-3, 1e-2, 1e-1), (1e-3, 1e-2, 1e-1)
+DEFAULT_LR = 1e-2
+
+
+@dataclass
+class Plan:
+    """A validated comparison, not yet run (see :func:`compare` for the fields)."""
+
+    problem: object
+    models: list
+    heads: list
+    options: dict
+    seed: int
+    solver: str
+    tol: float
+    gates: object
+    gate_seed: int
+    test: tuple
+    validation: tuple
+    tune: dict
+    teacher: np.ndarray
+    sequence: bool
+    progress: bool
+
+    @property
+    def heartbeat(self):
+        """Seconds of a silent exact solve before a progress line (None without ``progress``)."""
+        return 5.0 if self.progress else None
+
+    def bounding(self, model, problem=None):
+        """The problem whose certificate bounds ``model`` (None for (3)), at ``problem``'s beta."""
+        row = MODELS[model].bounding
+        return None if row is None else row(problem or self.problem, self.gates, self.gate_seed)
+
+    def problems(self, problem=None):
+        """program -> problem: the comparison's program and every bounding program, at ``problem``'s beta."""
+        problem = problem or self.problem
+        out = {problem.program.name: problem}
+        for model in self.models:
+            bound = self.bounding(model, problem)
+            if bound is not None:
+                out.setdefault(bound.program.name, bound)
+        return out
+
+    def train(self, model, problem, lr, heads, evaluation):
+        """Build ``model`` on ``problem`` (its bounding problem, or the comparison's) and train it at
+        ``problem.beta`` and ``lr``; ``evaluation``: the split whose loss is recorded, (X, T) or None."""
+        from ..nn.trainer import train
+
+        net = MODELS[model].build(problem, heads, self.sequence, self.seed)
+        X_eval, T_eval = (None, None) if evaluation is None else evaluation
+        return train(net, problem.program.X, problem.T, problem.loss, problem.beta, seed=self.seed,
+                     progress=self.progress, X_test=X_eval, T_test=T_eval, **dict(self.options, lr=lr))
+
+    def run(self):
+        """Solve, train and report: a :class:`~.result.Comparison`."""
+        start = time.perf_counter()
+        if self.tune is not None:
+            from .tuning import run_tuned
+
+            out = run_tuned(self)
+        else:
+            out = self._run_fixed()
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def _run_fixed(self):
+        from ..solving import solve
+        from .result import Comparison, ModelResult, label
+
+        problems = self.problems()
+        solutions = {p: solve(P, solver=self.solver, tol=self.tol, refine=True, heartbeat_after=self.heartbeat)
+                     for p, P in problems.items()}
+        convex = {p: convex_summary(solutions[p], P, self.test) for p, P in problems.items()}
+        main = self.problem.program.name
+        runs = {}
+        for model in self.models:
+            bound = self.bounding(model)
+            problem = problems[main if bound is None else bound.program.name]
+            counts = head_counts(self, model, problem, solutions[problem.program.name])
+            for m in counts:
+                name = model if len(counts) == 1 else f"{model}_m{m}"
+                run = self.train(model, problem, self.options["lr"], m, self.test)
+                report = model_report(model, bound, run, problem, convex[problem.program.name], main)
+                runs[name] = ModelResult(name, model, label(model, main, m), run, report)
+        return Comparison(self, problems, solutions, convex, runs)
+
+
+def head_counts(plan, model, problem, solution):
+    """The head counts ``model`` is trained with: the given ones, or its default; [None] when the
+    model has no head count (softmax attention, the convex model)."""
+    default = MODELS[model].default_heads
+    if default is None:
+        return [None]
+    return plan.heads or default(problem, solution)
+
+
+def convex_summary(result, problem, test, val=None):
+    """The certificate of an exact solve, with the training loss and the regulariser apart, and the
+    validation and test loss (mean per sample) and accuracy."""
+    cert = result.certificate
+    out = {"beta": problem.beta, "primal_objective": cert.primal_objective, "dual_objective": cert.dual_objective,
+           "duality_gap": cert.duality_gap, "relative_gap": cert.relative_gap, "certified": cert.certified,
+           "residual_relative_gap": cert.residual_relative_gap, "dual_source": cert.dual_source,
+           "support_size": cert.support_size, "heads_recovered": cert.heads_recovered,
+           "solve_seconds": result.solve_seconds, "refine_seconds": cert.refine_seconds, "status": result.status}
+    Yhat = problem.program.forward(result.Z)
+    out["loss_sum"] = float(problem.loss.value(Yhat, problem.T))
+    out["regularizer"] = float(problem.regularizer.value(result.Z))
+    out["train_loss"], out["train_accuracy"] = problem.loss.metrics(Yhat, problem.T)
+    for name, split in (("validation", val), ("test", test)):
+        out[f"{name}_loss"] = out[f"{name}_accuracy"] = None
+        if split is not None:
+            out[f"{name}_loss"], out[f"{name}_accuracy"] = problem.loss.metrics(
+                problem.program.on(split[0]).forward(result.Z), split[1])
+    if val is None:
+        del out["validation_loss"], out["validation_accuracy"]
+    return out
+
+
+def objective_parts(net, problem):
+    """``(sum of losses, regulariser)`` of a trained network on the training split, at ``problem.beta``."""
+    import torch
+
+    inputs = net.encode_inputs(problem.program.X)
+    with torch.no_grad():
+        T = torch.as_tensor(problem.T, dtype=net.dtype, device=net.device)
+        return float(problem.loss.value(net(*inputs), T)), float(net.penalty(problem.beta))
+
+
+def model_report(model, bound, run, problem, reference, program):
+    """One model's entry of the report. ``bound``: its bounding problem (None for (3));
+    ``reference``: the convex summary of the bounding program (or, for (3), of the comparison's
+    ``program``) at this model's beta."""
+    h = run.history
+    loss_sum, regularizer = objective_parts(run.network, problem)
+    entry = {"network": equation(model, program), "beta": problem.beta, "lr": run.lr, "objective": run.objective,
+             "loss_sum": loss_sum, "regularizer": regularizer, "seconds": run.seconds, "steps": run.steps,
+             "status": run.status, "heads": getattr(run.network, "heads", 1)}
+    if bound is not None:
+        lower = reference["dual_objective"]
+        gap = run.objective - lower
+        entry.update(bounding_program=bound.program.name, certified_lower_bound=lower, certified_gap=gap,
+                     relative_certified_gap=gap / max(1.0, abs(run.objective)), bound_applies=True)
+    else:
+        optimum = reference["primal_objective"]
+        entry.update(bounding_program=None, certified_lower_bound=reference["dual_objective"],
+                     certified_gap=None, bound_applies=False, compared_with_program=program, convex_optimum=optimum,
+                     objective_minus_convex_optimum=run.objective - optimum,
+                     note=f"network {equation(model, program)} is not covered by the bound (docs/conventions.md): "
+                          "the convex optimum is a comparison point, and certified_lower_bound is D(V) of that "
+                          "program, not a bound on this network; " + (MODELS[model].note or
+                          "its regulariser (weight decay) is not the convex one, so compare losses, not objectives"))
+    entry.update(train_loss=h.train_loss[-1], test_loss=h.test_loss[-1], train_accuracy=h.train_accuracy[-1],
+                 test_accuracy=h.test_accuracy[-1])
+    return entry
+
+
+def check_split(problem, split, names):
+    """``(X, T)`` of another split ``(X, y)`` (test, validation), checked against the problem's data
+    and encoded by its loss; ``names``: the two arrays' names in messages, e.g. ``("X_test", "y_test")``."""
+    from ..core.validation import check_array
+
+    if split is None:
+        return None
+    if not isinstance(split, (tuple, list)) or len(split) != 2:
+        raise invalid(f"{names[0]}, {names[1]}", "a pair (X, y)", type(split).__name__)
+    shape = problem.program.X.shape
+    X = check_array(names[0], split[0], 3, f"shape (N', {shape[1]}, {shape[2]}) like X")
+    if X.shape[1:] != shape[1:]:
+        raise invalid(names[0], "the token shape of X", f"shape {X.shape}")
+    y = np.asarray(split[1])
+    if y.ndim == 0 or y.shape[0] != X.shape[0]:
+        raise invalid(names[1], f"{X.shape[0]} targets (one per sample of {names[0]})", f"shape {y.shape}")
+    if y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+        raise invalid(names[1], "finite values", "NaN/Inf entries")
+    n_classes = problem.T.shape[1] if problem.loss.name == "cross_entropy" else None
+    T = problem.loss.encode(y, n_classes)
+    if T.shape[1] != problem.T.shape[1]:
+        raise invalid(names[1], "targets shaped like the training targets", f"shape {y.shape}")
+    return X, T
+
+
+def _check_teacher(A, problem):
+    from ..core.validation import check_array
+
+    if A is None:
+        return None
+    n = problem.program.X.shape[1]
+    A = check_array("teacher_attention", A, 2, f"shape ({n}, {n})")
+    if A.shape != (n, n):
+        raise invalid("teacher_attention", f"shape ({n}, {n}) (output token, input token)", f"shape {A.shape}")
+    return A
+
+
+def _check_grid(name, values):
+    from ..core.validation import check_positive
+
+    values = [check_positive(name, v) for v in values]
+    if not values:
+        raise invalid(name, "a non-empty list of numbers > 0", "an empty list")
+    return list(dict.fromkeys(values))
+
+
+def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None, seed=0, batch_size=None,
+         eval_every=None, solver="auto", tol=1e-6, gates=8, gate_seed=0, test=None, validation=None, tune=None,
+         teacher_attention=None, sequence=None, progress=False):
+    """Validate the arguments of :func:`compare` (no solve, no training): a :class:`Plan`."""
+    from ..core.validation import check_choice, check_int, check_problem, check_tol
+    from ..nn.trainer import check_training_options
+    from solvers import SOLVERS
+
+    check_problem(problem)
+    program = problem.program.name
+    if tune is True:
+        tune = {}
+    if tune is not None:
+        if not isinstance(tune, dict) or set(tune) - {"lr", "beta_frac"}:
+            raise invalid("tune", "None, True or a dict with keys lr and beta_frac (the grids)", repr(tune))
+        if lr is not None:
+            raise InvalidInputError("lr: not with tune, which chooses it on the validation split; give the values "
+                                    "to try in tune['lr']")
+        if validation is None:
+            raise InvalidInputError("validation: tune needs a validation split (X_val, y_val)")
+        tune = {"lr": _check_grid("tune['lr']", tune.get("lr", LR_GRID)),
+                "beta_frac": _check_grid("tune['beta_frac']", tune.get("beta_frac", BETA_GRID))}
+    models = check_models(models, program, tuned=tune is not None)
+    heads = check_heads(heads)
+    if tune is not None and heads is not None and len(heads) > 1:
+        raise invalid("heads", "one head count with tune", repr(heads))
+    N = problem.program.X.shape[0]
+    options = dict(zip(("optimizer", "lr", "steps", "batch_size", "eval_every"), check_training_options(
+        optimizer, DEFAULT_LR if lr is None else lr, steps, batch_size, eval_every, None, N)[:5]))
+    check_choice("solver", solver, ("auto", *SOLVERS))
+    if sequence is None:
+        sequence = not problem.program.pooled if hasattr(problem.program, "pooled") else False
+    n = problem.program.X.shape[1]
+    if sequence and problem.T.shape[1] % n:
+        raise invalid("sequence", f"False: {problem.T.shape[1]} outputs are not a multiple of n = {n} tokens", "True")
+    out = Plan(problem=problem, models=models, heads=heads, options=options, seed=check_int("seed", seed),
+               solver=solver, tol=check_tol(tol), gates=gates, gate_seed=check_int("gate_seed", gate_seed),
+               test=check_split(problem, test, ("X_test", "y_test")),
+               validation=check_split(problem, validation, ("X_val", "y_val")), tune=tune,
+               teacher=_check_teacher(teacher_attention, problem), sequence=bool(sequence), progress=bool(progress))
+    out.problems()  # builds (and checks) every bounding problem now, e.g. the gates
+    return out
+
+
+def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None, seed=0, batch_size=None,
+            eval_every=None, solver="auto", tol=1e-6, gates=8, gate_seed=0, test=None, validation=None,
+            tune=None, teacher_attention=None, sequence=None, progress=False):
+    """Solve the convex program exactly, train nonconvex networks by SGD or Adam on the same data and
+    beta, and certify how far each network is from the optimum of its family.
+
+    For each network the convex program bounds (networks (9), (11), (5): :data:`.models.MODELS`), the
+    certified gap is ``objective - D(V)``, with ``D(V)`` the dual value of the certificate of its
+    bounding program: a lower bound on the objective ``sum_i L(yhat_i, y_i) + penalty`` of every
+    network of that family, whatever its number of heads. Softmax attention (3) is not covered: its
+    objective is compared with the convex optimum, and its gap is None.
+
+    Parameters
+    ----------
+    problem : ConvexProblem of program (8), (10), (12), "mhsa" or "gated_mhsa"
+        (:func:`cvxtransformer.make_problem`), at the beta every model shares (with ``tune``: only its
+        data are used)
+    models : list or comma-separated string from ``alternative`` (9), ``gated`` (11), ``softmax`` (3),
+        ``linear_mhsa`` (5), ``gated_mhsa`` (bounded by "gated_mhsa" on its gates), ``relu_mhsa`` (the
+        same heads with a ReLU on the scores: not bounded) and ``convex`` (Z of the program itself,
+        trained by the same optimiser); default ``alternative, softmax`` (``gated, softmax`` for (12),
+        ``linear_mhsa`` for "mhsa", ``gated_mhsa, relu_mhsa`` for "gated_mhsa")
+    optimizer, lr, steps, batch_size, eval_every : the training of every network
+        (:func:`cvxtransformer.nn.trainer.train`; ``lr`` default 0.01)
+    heads : head count(s) of the networks, an int or a list (one run per count); default: one head
+        per group of the bounding program for (9)/(11), enough for any convex solution; for (5) and
+        the MHSA networks, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates)
+    seed : seed of the initialisations and mini-batches
+    solver, tol : the exact solves ("auto", "clarabel", "scs" or "fista") and the relative gap they certify
+    gates, gate_seed : the gates of program (12) and network (11) when ``problem`` has none: a count
+        h (sampled from ``gate_seed``) or ``(U1, U2)``
+    test : optional ``(X_test, y_test)``, raw targets as for ``make_problem``: test loss and accuracy
+    validation : ``(X_val, y_val)``, needed by ``tune``
+    tune : None, True or ``{"lr": [...], "beta_frac": [...]}``: for each model, every (learning rate,
+        beta = fraction * beta_max) of the grid (default 1e-3, 1e-2, 1e-1 for both) is trained and
+        scored by its validation loss; the best is retrained and reported; the exact solutions are
+        tuned over the same betas. The test split is not used before every choice is made.
+    teacher_attention : optional (n, n) map (output token, input token) of a teacher, for the plots
+        and ``attention_distance_to_teacher``
+    sequence : targets per token (y of shape (N, n, c)); default: from the "mhsa" program, else False
+    progress : progress bars (and, with ``tune``, one line per grid point on stderr)
+
+    Returns
+    -------
+    Comparison
+        Per model the objective curve, the final objective, the certified gap, test loss and
+        accuracy; the convex solutions and certificates; ``plot(folder)``, ``save(folder)``,
+        ``to_dict()`` (:class:`~cvxtransformer.comparison.result.Comparison`).
+
+    Example
+    -------
+    >>> import cvxtransformer as ct
+    >>> from cvxtransformer.datasets import student_teacher
+    >>> X, Y = student_teacher(N=40, n=4, d=3, c=2, seed=0)
+    >>> P = ct.make_problem(X, Y, program=10, beta=1.0)
+    >>> out = ct.compare(P.with_beta(0.2 * P.beta_max()), models="alternative", steps=50)
+    >>> run = out.models["alternative"]
+    >>> run.certified_gap >= 0, run.certified_lower_bound == out.certificate.dual_objective
+    (True, True)
+    """
+    return plan(problem, models=models, optimizer=optimizer, lr=lr, steps=steps, heads=heads, seed=seed,
+                batch_size=batch_size, eval_every=eval_every, solver=solver, tol=tol, gates=gates,
+                gate_seed=gate_seed, test=test, validation=validation, tune=tune,
+                teacher_attention=teacher_attention, sequence=sequence, progress=progress).run()
+

@@ -1,0 +1,68 @@
+"""The program families by name: what :func:`~.problem.make_problem` builds for ``program=...``.
+
+A family is a program class, the reduction that pairs it with its nonconvex network, the losses it
+allows and the options of ``make_problem`` that its builder takes (``U1``, ``U2``, ``H``, ``gates``,
+``gate_seed``); the program class builds itself from validated data (``program.build``). Families
+register themselves (:func:`register`) where their reductions are defined; the registry imports
+those modules, listed by name in :data:`MODULES`, on the first lookup. So ``make_problem`` has no
+branch per program and imports no reduction, and a new family is a module that calls
+:func:`register`, named in :data:`MODULES`.
+
+Example
+-------
+>>> family("mhsa").reduction.__name__, family("12").options
+('LinearMHSAReduction', ('U1', 'U2', 'gates', 'gate_seed'))
+"""
+import importlib
+from dataclasses import dataclass
+
+from .errors import invalid
+
+MODULES = ("cvxtransformer.core.reductions",)  # importing these registers the built-in families
+_FAMILIES = {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One program family, under one name.
+
+    name : the program's name (``8``, ``10``, ``12``, ``"mhsa"``, ``"gated_mhsa"``)
+    program : the :class:`~.programs.Program` subclass; ``program.build(name, X, y, T, **options)``
+        makes it from validated data (y raw, T encoded by the loss)
+    reduction : the :class:`~.reductions.Reduction` of its nonconvex network
+    losses : names of the losses it allows
+    options : the options of ``make_problem`` that its builder takes
+    """
+
+    name: object
+    program: type
+    reduction: type
+    losses: tuple
+    options: tuple = ()
+
+
+def register(name, program, reduction, losses, options=()):
+    """Register a family under ``name`` (replacing any family of that name)."""
+    _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options))
+
+
+def families():
+    """Every registered family, by name (the built-in ones included)."""
+    for module in MODULES:
+        importlib.import_module(module)
+    return dict(_FAMILIES)
+
+
+def family(name):
+    """The family of a program name: an int, a string of digits (``"8"``) or a name; errors name
+    the argument ``program``."""
+    if isinstance(name, str) and name.strip().isdigit():
+        name = int(name)
+    known = families()
+    try:
+        found = not isinstance(name, bool) and name in known
+    except TypeError:  # unhashable
+        found = False
+    if not found:
+        raise invalid("program", "one of " + ", ".join(map(repr, known)), repr(name))
+    return known[name]
