@@ -220,7 +220,11 @@ class AttentionOperator(_SampleOperator):
         H = torch.zeros(Fg, m * Fg, dtype=self.dtype, device=self.device)
         step = Fg if Fg <= 256 else -(-Fg // 4 // self.d) * self.d  # four block rows, token-aligned
         for s, e, D in self._design_chunks():
-            Dw = D if weights is None else (weights[s:e, :, None] * D[:, None, :]).view(e - s, m * Fg)
+            if weights is not None:  # in a reused buffer: no fresh allocation per chunk
+                out = self._buffer("weighted", (e - s, m, Fg), self.device)
+                Dw = torch.mul(weights[s:e, :, None], D[:, None, :], out=out).view(e - s, m * Fg)
+            else:
+                Dw = D
             if m == 1:
                 for i in range(0, Fg, step):
                     H[i:i + step, i:].addmm_(D[:, i:i + step].T, Dw[:, i:])

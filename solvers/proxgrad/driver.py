@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from cvxtransformer.core.arrays import F64, device_budget, resolve_device, resolve_dtype
+from cvxtransformer.core.data import file_backed
 from cvxtransformer.core.errors import SolverError, invalid
 from cvxtransformer.core.result import BackendOutput, Check
 from cvxtransformer.core.validation import check_choice, check_positive, check_tol
@@ -304,12 +305,14 @@ class _Run:
 
     def _hessian_op(self, key):
         """The working set's operator in float32, the precision of the Newton model's Hessian (None: the
-        working precision is float32 already)."""
+        working precision is float32 already). Its tokens are copied once into memory unless the data
+        is a memory map (streamed data is never copied: memory stays per sample, not per data)."""
         if self.dtype == torch.float32:
             return None
         if "op32" not in self.cache:
             op = self.ws.restrict(self.problem.program.operator(self.device, torch.float32, self.chunk), key)
-            self.cache["op32"] = op.materialize() if hasattr(op, "materialize") else op
+            copy = hasattr(op, "materialize") and not file_backed(self.problem.program.X)
+            self.cache["op32"] = op.materialize() if copy else op
         return self.cache["op32"]
 
     def _newton_warmup(self, op):
