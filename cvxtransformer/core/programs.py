@@ -29,7 +29,7 @@ Example
 import numpy as np
 import torch
 
-from .arrays import F64, device_budget, numpy_face, resolve_device, resolve_dtype, to_tensor
+from .arrays import F64, numpy_face, resolve_device, resolve_dtype
 from .data import StreamedRows, file_backed, storage
 from .errors import invalid
 from .regularizers import GroupLasso
