@@ -138,15 +138,16 @@ def test_string_labels_are_mapped_as_the_estimators_map_them(tmp_path, capsys):
     assert np.load(tmp_path / "r.npz")["classes"].tolist() == ["cat", "dog", "emu"]
     assert main(["verify", str(tmp_path / "s.npz"), str(tmp_path / "r.npz"), *args]) == 0
     assert json.loads(capsys.readouterr().out)["certified"] is True
-    # the estimators' mapping, for the logistic loss too: classes sorted, the first -> -1
-    clf = ct.AttentionClassifier(program=8, loss="logistic", beta_frac=0.3).fit(X, names == "dog")
+    # for the logistic loss: classes sorted, the first -> -1 (the estimators' mapping, tested below)
+    numeric = ct.make_problem(X, np.where(codes == 1, 1, -1), program=8, loss="logistic", beta=1.0)
+    reference = ct.solve(numeric.with_beta(0.3 * numeric.beta_max()), "clarabel")
     two = np.where(codes == 1, "yes", "no")
     np.savez(tmp_path / "two.npz", X=X, y=two)
     assert main(["solve", str(tmp_path / "two.npz"), "--program", "8", "--loss", "logistic", "--beta-frac", "0.3",
                  "--json"]) == 0
     logistic = json.loads(capsys.readouterr().out)
     assert logistic["class_mapping"] == "no -> -1, yes -> +1"
-    assert logistic["primal_objective"] == pytest.approx(clf.certificate_.primal_objective, rel=1e-8)
+    assert logistic["primal_objective"] == pytest.approx(reference.certificate.primal_objective, rel=1e-8)
     # compare maps the test split with the training classes
     out = tmp_path / "cmp"
     assert main(["compare", str(tmp_path / "s.npz"), *args, "--models", "alternative", "--steps", "5",
@@ -154,6 +155,18 @@ def test_string_labels_are_mapped_as_the_estimators_map_them(tmp_path, capsys):
     c = json.loads(capsys.readouterr().out)
     assert c["classes"] == ["cat", "dog", "emu"] and json.loads((out / "compare.json").read_text())["classes"]
     assert c["models"]["alternative"]["test_accuracy"] is not None
+
+
+def test_the_command_line_maps_labels_as_the_estimators_do(tmp_path, capsys):
+    pytest.importorskip("sklearn", reason="the estimators need scikit-learn")
+    X = np.random.default_rng(1).standard_normal((45, 4, 3))
+    dog = np.digitize(X[:, 0, 0], [-0.4, 0.4]) == 1
+    clf = ct.AttentionClassifier(program=8, loss="logistic", beta_frac=0.3).fit(X, dog)
+    np.savez(tmp_path / "two.npz", X=X, y=np.where(dog, "yes", "no"))
+    assert main(["solve", str(tmp_path / "two.npz"), "--program", "8", "--loss", "logistic", "--beta-frac", "0.3",
+                 "--json"]) == 0
+    primal = json.loads(capsys.readouterr().out)["primal_objective"]
+    assert primal == pytest.approx(clf.certificate_.primal_objective, rel=1e-8)
 
 
 @pytest.mark.parametrize("y, loss, match", [

@@ -165,6 +165,7 @@ def test_docstring_examples_and_the_readme_snippet_run_in_the_tests():
     tests/test_readme.py runs the README's Python blocks."""
     import doctest
 
+    pytest.importorskip("sklearn", reason="cvxtransformer.estimators needs scikit-learn")
     import cvxtransformer.estimators
     import cvxtransformer.solving
     import cvxtransformer.verify
