@@ -242,7 +242,7 @@ class AttentionOperator(_SampleOperator):
     def gram(self, T):
         """Gram matrix ``H = A_l^T A_l`` (F, F), shared by every output l, and ``B = A^T T`` (c, F).
 
-        F = |J|*|K|*d, features ordered (gate, token, coordinate); accumulated over chunks of the
+        ``F = |J| |K| d``, features ordered (gate, token, coordinate); accumulated over chunks of the
         gated design (never the whole of it), upper block triangle only, then mirrored.
         """
         B = torch.zeros(self.c, self.hJ * self.F, dtype=self.dtype, device=self.device)

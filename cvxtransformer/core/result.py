@@ -34,6 +34,8 @@ class Check:
 class BackendOutput:
     """What a solver backend returns; :func:`cvxtransformer.solve` certifies it.
 
+    Attributes
+    ----------
     Z : coefficients in the program's shape
     V : a candidate dual point (N, n_outputs), or None
     screened : blocks the backend proved zero (the regulariser's block mask), or None
@@ -56,6 +58,8 @@ class BackendOutput:
 class SolveResult:
     """A solution and its certificate.
 
+    Attributes
+    ----------
     Z : coefficients in the program's shape
     V : the dual point used by the certificate, (N,) when there is one output, (N, c) otherwise
     status : the backend's own status string (reported, never trusted)
