@@ -21,26 +21,33 @@ from common import DOCS, ROOT, load, machine, write_doc
 
 from cvxtransformer.testing import write_planted_folder  # noqa: E402 (common puts the repository first)
 
-CVXPY_CASES = [  # (program, loss, form, solver, N, n, d, c)
-    (10, "squared", "primal", "clarabel", 1000, 8, 16, 4),
-    (10, "squared", "primal", "clarabel", 2000, 8, 16, 4),
-    (10, "squared", "dual", "clarabel", 2000, 8, 16, 4),
-    (10, "squared", "primal", "clarabel", 400, 32, 32, 1),
-    (10, "cross_entropy", "primal", "clarabel", 1000, 8, 16, 4),
-    (8, "logistic", "primal", "clarabel", 2000, 8, 16, 1),
-    (12, "squared", "primal", "clarabel", 500, 8, 8, 2),
-    ("mhsa", "squared", "primal", "clarabel", 200, 4, 6, 2),
-    ("mhsa", "squared", "primal", "clarabel", 100, 4, 8, 2),
-    (10, "squared", "primal", "scs", 1000, 8, 16, 4),
-    ("mhsa", "squared", "primal", "scs", 200, 4, 6, 2),
+CVXPY_CASES = [  # (program, loss, form, formulation, solver, N, n, d, c)
+    (10, "squared", "primal", "direct", "clarabel", 1000, 8, 16, 4),
+    (10, "squared", "primal", "direct", "clarabel", 2000, 8, 16, 4),
+    (10, "squared", "dual", "direct", "clarabel", 2000, 8, 16, 4),
+    (10, "squared", "primal", "direct", "clarabel", 400, 32, 32, 1),
+    (10, "squared", "primal", "compressed", "clarabel", 2000, 8, 16, 4),
+    (10, "squared", "primal", "compressed", "clarabel", 50000, 8, 16, 4),
+    (10, "squared", "dual", "compressed", "clarabel", 50000, 8, 16, 4),
+    (10, "cross_entropy", "primal", "direct", "clarabel", 1000, 8, 16, 4),
+    (8, "logistic", "primal", "direct", "clarabel", 2000, 8, 16, 1),
+    (12, "squared", "primal", "direct", "clarabel", 500, 8, 8, 2),
+    (12, "squared", "primal", "compressed", "clarabel", 5000, 8, 8, 2),
+    ("mhsa", "squared", "primal", "direct", "clarabel", 200, 4, 6, 2),
+    ("mhsa", "squared", "primal", "direct", "clarabel", 100, 4, 8, 2),
+    ("mhsa", "squared", "primal", "compressed", "clarabel", 2000, 4, 6, 2),
+    ("mhsa", "logistic", "primal", "factored", "clarabel", 200, 4, 6, 1),
+    (10, "squared", "primal", "direct", "scs", 1000, 8, 16, 4),
+    (10, "squared", "primal", "compressed", "scs", 50000, 8, 16, 4),
+    ("mhsa", "squared", "primal", "direct", "scs", 200, 4, 6, 2),
 ]
 
 CVXPY_SCRIPT = """
 import json, resource, sys, warnings
 import numpy as np
 import cvxtransformer as ct
-from cvxtransformer.core.cvxpy_builders import BUILDERS, design_size, estimate_cvxpy_bytes
-program, loss, form, solver, N, n, d, c = json.loads(sys.argv[1])
+from cvxtransformer.core.cvxpy_builders import BUILDERS, cvxpy_coefficients, estimate_cvxpy_bytes
+program, loss, form, formulation, solver, N, n, d, c = json.loads(sys.argv[1])
 rng = np.random.default_rng(0)
 X = rng.standard_normal((N, n, d))
 y = {"squared": rng.standard_normal(N) if program == 8 else rng.standard_normal((N, c)),
@@ -48,7 +55,7 @@ y = {"squared": rng.standard_normal(N) if program == 8 else rng.standard_normal(
 problem = ct.make_problem(X, y, program=program, loss=loss, beta=1.0, gates=4)
 problem = problem.with_beta(0.2 * problem.beta_max())
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-built = BUILDERS[form](problem)
+built = BUILDERS[form](problem, formulation)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     try:  # the peak is the first factorization: a few iterations reach it
@@ -56,9 +63,8 @@ with warnings.catch_warnings():
     except Exception:
         pass
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-rows, features, columns = design_size(problem)
-print(json.dumps({"measured": peak - base, "estimate": estimate_cvxpy_bytes(problem, form, solver),
-                  "coefficients": rows * features * columns}))
+print(json.dumps({"measured": peak - base, "estimate": estimate_cvxpy_bytes(problem, form, solver, formulation),
+                  "coefficients": cvxpy_coefficients(problem, formulation)}))
 """
 
 STREAM_CASES = [(8, "squared", 1), (8, "logistic", 1), (10, "cross_entropy", 3), (12, "squared", 1)]
@@ -148,20 +154,23 @@ def main():
         "",
         "## The estimate before a CVXPY build",
         "",
-        "`estimate_cvxpy_bytes(problem, form, solver)` (cvxtransformer/core/cvxpy_builders.py) against the peak "
-        "resident memory that the CVXPY build and the solver's first iterations (its first factorization) add to "
-        "the interpreter (`ru_maxrss`, a fresh process per row). Coefficients: rows x features x columns of the "
-        "CVXPY design. The estimate must be at or above every measurement (it decides between refusing and "
-        "being killed); `solve` refuses a CVXPY solve whose estimate exceeds the memory available, and "
-        "`solver=\"auto\"` takes Clarabel only when the design has at most 2e5 coefficients and the estimate "
-        "is at most half the memory available.",
+        "`estimate_cvxpy_bytes(problem, form, solver, formulation)` (cvxtransformer/core/cvxpy_builders.py) "
+        "against the peak resident memory that the CVXPY build (the compression pass included) and the solver's "
+        "first iterations (its first factorization) add to the interpreter (`ru_maxrss`, a fresh process per "
+        "row). Coefficients: the nonzeros of the map CVXPY gets in that formulation (`cvxpy_coefficients`: the "
+        "dense design's rows x features x columns for `direct`, at most p^2 q whatever N for `compressed`). The "
+        "estimate must be at or above every measurement (it decides between refusing and being killed); `solve` "
+        "refuses a CVXPY solve whose estimate exceeds the memory available, and `solver=\"auto\"` takes "
+        "Clarabel only when the formulation it would get has at most 2e5 coefficients and the estimate is at "
+        "most half the memory available.",
         "",
-        "| program | loss | form | solver | N | n | d | c | coefficients | measured (MiB) | estimate (MiB) | "
-        "estimate / measured |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| program | loss | form | formulation | solver | N | n | d | c | coefficients | measured (MiB) | "
+        "estimate (MiB) | estimate / measured |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for (program, loss, form, solver, N, n_, d_, c), r in rows:
-        lines.append(f"| {program} | {loss} | {form} | {solver} | {N} | {n_} | {d_} | {c} | {r['coefficients']:,} | "
+    for (program, loss, form, formulation, solver, N, n_, d_, c), r in rows:
+        lines.append(f"| {program} | {loss} | {form} | {formulation} | {solver} | {N} | {n_} | {d_} | {c} | "
+                     f"{r['coefficients']:,} | "
                      f"{mib(r['measured'])} | {mib(r['estimate'])} | {r['estimate'] / r['measured']:.2f} |")
     lines += [
         "",
@@ -185,7 +194,13 @@ def main():
         "",
         "What grows with N is the iterate's per-sample state: the predictions of the current, extrapolated and "
         "next iterates (N x c each), the dual point at the extrapolated one, the certifier's best dual point and "
-        "the encoded targets (and, for program (12), the gate mask, N x h). The losses evaluate their sums and "
+        "the encoded targets (and, for program (12), the gate mask, N x h); for the logistic and cross-entropy "
+        "losses, proximal Newton's line search (the trial predictions) and its per-sample Hessian weights "
+        "(N x c(c+1)/2, float32). Proximal Newton costs memory per sample: cross-entropy took 198 bytes per "
+        "sample before it (issue 24) and 300-420 now in two runs of this benchmark (the slopes are noisy: "
+        "peaks are sampled), the logistic loss 86-165 against 91: the float32 copies of the predictions, "
+        "targets and per-sample Hessians that its weighted Gram matrix reads; a chunked Hessian would bring "
+        "them back. The losses evaluate their sums and "
         "per-sample maps by chunks of rows (`summed_by_rows`, `mapped_by_rows` in core/losses.py), so their "
         "temporaries no longer grow with N.",
     ]
