@@ -300,8 +300,8 @@ class ShardedLoss(Loss):
     def hessian(self, Yhat, T):
         return self.loss.hessian(Yhat, T)
 
-    def gradient_metric(self, Yhat, T):
-        return self.shards.sum_value(self.loss.gradient_metric(Yhat, T))
+    def gradient_metric(self, Yhat, T, at=None):
+        return self.shards.sum_value(self.loss.gradient_metric(Yhat, T, at))
 
     def accuracy(self, Yhat, T):
         local = float(self.loss.accuracy(Yhat, T)) if len(Yhat) else 0.0

@@ -57,6 +57,11 @@ def test_hessian_and_gradient_metric_of_every_loss(name, kind):
     G = loss.gradient(Y, T)
     explicit = sum(G[i] @ np.linalg.pinv(W[i]) @ G[i] for i in range(9))
     assert loss.gradient_metric(Y, T) == pytest.approx(explicit, rel=1e-9)
+    # the gradient at Y in the Hessian taken elsewhere (a Hessian kept from an earlier Newton step)
+    Y0 = Y + rng.standard_normal(Y.shape)
+    W0 = loss.hessian(Y0, T)
+    explicit = sum(G[i] @ np.linalg.pinv(W0[i]) @ G[i] for i in range(9))
+    assert loss.gradient_metric(Y, T, Y0) == pytest.approx(explicit, rel=1e-9)
 
 
 @pytest.mark.parametrize("program", [8, 10, 12])
@@ -122,6 +127,28 @@ def test_auto_takes_newton_steps_on_group_lasso_and_first_order_on_the_nuclear_n
                              np.random.default_rng(1).integers(0, 3, 50), program=10, loss="cross_entropy", beta=1.0)
     assert ct.solve(onehot.with_beta(0.2 * onehot.beta_max()), "fista", tol=1e-8, method="gram").certified
     assert steps == []  # one-hot tokens: no weighted Gram matrix, first order
+
+
+@pytest.mark.parametrize("case", [(10, "cross_entropy", "classes"), (12, "logistic", "binary")], ids=case_id)
+def test_a_hessian_serves_several_steps_and_the_solve_is_the_same(case, monkeypatch, steps):
+    """Lazy Hessians: a Newton step whose active blocks have not changed, and whose predecessor
+    divided the gap by 4 or more, reuses the last Hessian (``LAZY_STEPS``); the solve is certified
+    and reaches the optimum of the solve that computes a Hessian at every step."""
+    computed, real = [], prox_newton.newton_hessian
+
+    def spy(*args):
+        computed.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(prox_newton, "newton_hessian", spy)
+    problem = random_problem(*case, seed=9, N=300, n=4, d=3, gates=3, frac=0.01)
+    lazy = ct.solve(problem, "fista", tol=1e-10, method="gram")
+    assert lazy.certified and len(computed) < sum(steps), (len(computed), steps)
+    monkeypatch.setattr(prox_newton, "LAZY_STEPS", 0)
+    del computed[:], steps[:]
+    eager = ct.solve(problem, "fista", tol=1e-10, method="gram")
+    assert eager.certified and len(computed) == sum(steps)
+    assert lazy.certificate.primal_objective == pytest.approx(eager.certificate.primal_objective, rel=1e-9)
 
 
 def test_a_newton_model_that_fails_leaves_the_subproblem_to_first_order(monkeypatch, steps):

@@ -8,8 +8,9 @@ shape ``(N, c)`` (see :meth:`Loss.encode`):
 * ``dual_objective(V, T, scale=1)``: ``sum_i -L*(-s V_i)``, valid for ``s V`` in the dual domain;
 * ``project_dual_domain(V, T)``: the Euclidean projection of ``V`` onto that domain;
 * ``accuracy(Yhat, T)``: fraction of correct labels (NaN for the squared loss);
-* ``hessian(Yhat, T)``: ``W_i = grad^2 L(yhat_i)``, shape (N, c, c), and ``gradient_metric(Yhat, T)``:
-  ``sum_i grad L_i^T W_i^+ grad L_i`` (float64): what a Newton model of the loss needs;
+* ``hessian(Yhat, T)``: ``W_i = grad^2 L(yhat_i)``, shape (N, c, c), and ``gradient_metric(Yhat, T, at)``:
+  ``sum_i grad L_i^T W_i^+ grad L_i`` (float64), the gradient at ``Yhat`` and the Hessian at ``at``
+  (default ``Yhat``): what a Newton model of the loss needs;
 * capabilities: ``quadratic`` (L is quadratic in yhat), ``lipschitz`` (of grad L in yhat),
   ``strong_concavity`` (of the dual objective, for gap-safe rules);
 * CVXPY forms of the primal loss and of the dual objective.
@@ -171,7 +172,7 @@ class SquaredLoss(Loss):
         return eye.expand(Yhat.shape[0], -1, -1)
 
     @numpy_face
-    def gradient_metric(self, Yhat, T):
+    def gradient_metric(self, Yhat, T, at=None):
         return 2.0 * self.value(Yhat, T)
 
     def cvxpy_value(self, Yhat, T):
@@ -233,9 +234,15 @@ class LogisticLoss(Loss):
         return (s * (1.0 - s))[:, :, None]
 
     @numpy_face
-    def gradient_metric(self, Yhat, T):
-        """``sum_i sigma(-m_i)^2 / (sigma(m_i) sigma(-m_i)) = sum_i exp(-m_i)``, ``m_i = y_i yhat_i`` (= exp(L_i) - 1)."""
-        return torch.sum(torch.exp(-T * Yhat), dtype=F64)
+    def gradient_metric(self, Yhat, T, at=None):
+        """``sum_i sigma(-m_i)^2 / (sigma(a_i) sigma(-a_i))``, ``m_i = y_i yhat_i``, ``a_i = y_i at_i``; at
+        ``at = Yhat`` it is ``sum_i exp(-m_i)`` (= exp(L_i) - 1). In logarithms: ``sigma(-m) = exp(-softplus(m))``."""
+        m = T * Yhat
+        if at is None:
+            return torch.sum(torch.exp(-m), dtype=F64)
+        a = T * at
+        sp = torch.nn.functional.softplus
+        return torch.sum(torch.exp(sp(a) + sp(-a) - 2.0 * sp(m)), dtype=F64)
 
     def cvxpy_value(self, Yhat, T):
         import cvxpy as cp
@@ -312,10 +319,15 @@ class CrossEntropyLoss(Loss):
         return torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
 
     @numpy_face
-    def gradient_metric(self, Yhat, T):
-        """``sum_i (p_i - e_y)^T diag(1/p_i) (p_i - e_y) = sum_i (1/p_{i,y} - 1)`` (= exp(L_i) - 1): ``p_i - e_y``
-        sums to zero, so ``diag(1/p_i)`` acts on it as the pseudo-inverse of ``diag(p_i) - p_i p_i^T``."""
-        return torch.sum(torch.expm1(torch.logsumexp(Yhat, dim=1) - torch.sum(T * Yhat, dim=1)), dtype=F64)
+    def gradient_metric(self, Yhat, T, at=None):
+        """``sum_i (p_i - e_y)^T diag(1/q_i) (p_i - e_y)``, ``p_i = softmax(yhat_i)``, ``q_i = softmax(at_i)``:
+        ``p_i - e_y`` sums to zero, so ``diag(1/q_i)`` acts on it as the pseudo-inverse of
+        ``diag(q_i) - q_i q_i^T``. At ``at = Yhat`` it is ``sum_i (1/p_{i,y} - 1)`` (= exp(L_i) - 1)."""
+        if at is None:
+            return torch.sum(torch.expm1(torch.logsumexp(Yhat, dim=1) - torch.sum(T * Yhat, dim=1)), dtype=F64)
+        G = T - self.dual_variable(Yhat, T)  # p_i
+        G -= T
+        return torch.sum(G * G * torch.exp(-torch.log_softmax(at, dim=1)), dtype=F64)
 
     def cvxpy_value(self, Yhat, T):
         import cvxpy as cp

@@ -29,6 +29,17 @@ trial costs no product. Once the support is stable, a
 step is a Newton step on the support: the gap falls quadratically where first-order methods crawl
 (small beta, near-separable classes, correlated tokens).
 
+Lazy Hessians: on many active blocks the Hessian is most of a step's cost (``N (c F_a)^2 / 2``
+against ``(c F_a)^2`` per model iteration). A step whose active blocks are those of the last step,
+and whose predecessor divided the gap by ``1 / LAZY_RATIO`` or more, keeps the last Hessian (up to
+``LAZY_STEPS`` times in a row): the model is then ``f(x) + <g, x' - x> + 1/2 (x' - x)^T H_0 (x' - x)``
+with the gradient at x and ``H_0`` taken at the earlier prediction ``yhat_0``, a convex quadratic
+all the same (its constant is ``sum_i grad L_i^T W_i(yhat_0)^+ grad L_i``, ``loss.gradient_metric``
+with ``at``), and the line search keeps every step a descent step. The rate near the optimum
+becomes fast-linear instead of quadratic, at a fraction of the cost per step (measured on the
+logistic program (12), N = 10,000, up to 2,048 active features, a certified 1e-6 at 0.01 beta_max
+with Newton steps only: 7 Hessians for 11 steps instead of 10 for 10, a quarter less time).
+
 The model's gap is an inner criterion only: whether the working set is solved is decided by its
 own duality gap at every step, and whether the program is solved by the driver's float64
 certificate. In a distributed solve ``H`` and the line search's sums are sums over the shards and
@@ -51,6 +62,8 @@ BACKTRACKS = 30  # halvings of the step before the direction is given up
 LONGEST = 16.0  # a unit step that decreases P is doubled while P keeps decreasing, up to this,
 FLATTER = 0.55  # when P fell by more than this fraction of its first-order decrease (a quadratic: 1/2)
 ACTIVE_MIN = 3  # violating blocks let into the model even when few are nonzero
+LAZY_STEPS = 3  # steps a Hessian may serve after the one it was computed for (same active blocks),
+LAZY_RATIO = 0.25  # while each of them divides the gap by 1 / LAZY_RATIO at least
 
 
 def newton_hessian(op, loss, Yhat, T):
@@ -72,13 +85,14 @@ def newton_hessian(op, loss, Yhat, T):
     return H.view(c * F, c * F)
 
 
-def newton_model(H, loss, T, x, ix, g):
+def newton_model(H, loss, T, x, ix, g, at=None):
     """The Newton model at ``x`` (layout (|J|, c, |K|, d)) with the Hessian ``H`` restricted to these
-    coefficients, ``ix`` the whole prediction at x and ``g`` the gradient on these coefficients: a
+    coefficients, taken at the prediction ``at`` (default: at x), ``ix`` the whole prediction at x
+    and ``g`` the gradient on these coefficients: a
     :class:`.smooth.GramSmooth` (layout (c, |J|, |K|, d)) and its value at x,
     ``1/2 ||t||^2 - <B, x> + 1/2 x^T H x = 1/2 metric``. (None, None) when ``||t||`` overflows (an
     iterate far from any optimum: a sample's loss above ~700)."""
-    metric = float(loss.gradient_metric(ix, T))
+    metric = float(loss.gradient_metric(ix, T, at))
     if not math.isfinite(metric):
         return None, None
     hJ, c, nK, d = x.shape
@@ -134,6 +148,7 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
     hessian_op = sm.op if hessian_op is None else hessian_op
     rounding = 64.0 * torch.finfo(x.dtype).eps
     ix = sm.image(x)
+    kept, gaps = None, []  # the last Hessian (active blocks, H, the prediction it was taken at, steps served)
     while True:
         reason = budget.spent()
         if reason:
@@ -145,10 +160,19 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         scale = max(1.0, abs(primal))
         if (primal - dual) / scale <= tol:
             return x, ix, "converged"
+        gaps.append(primal - dual)
         JK = active_blocks(x, g, reg.beta)
-        op, hop = (sm.op, hessian_op) if JK is None else (sm.op.restrict(*JK), hessian_op.restrict(*JK))
+        op = sm.op if JK is None else sm.op.restrict(*JK)
+        key = None if JK is None else (tuple(JK[0].tolist()), tuple(JK[1].tolist()))
+        lazy = (kept is not None and kept[0] == key and kept[3] < LAZY_STEPS
+                and gaps[-1] <= LAZY_RATIO * gaps[-2])
+        if lazy:
+            kept[3] += 1
+        else:
+            hop = hessian_op if JK is None else hessian_op.restrict(*JK)
+            kept = [key, newton_hessian(hop, sm.loss, ix, sm.T), ix, 0]
         xa = _take(x, JK)
-        model, q_x = newton_model(newton_hessian(hop, sm.loss, ix, sm.T), sm.loss, sm.T, xa, ix, _take(g, JK))
+        model, q_x = newton_model(kept[1], sm.loss, sm.T, xa, ix, _take(g, JK), kept[2] if lazy else None)
         if model is None:
             return x, ix, "stalled"
         target = max(MODEL_GAP * (primal - dual), 0.5 * tol * scale) / max(1.0, abs(q_x + float(reg.value(xa))))
