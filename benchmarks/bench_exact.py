@@ -246,7 +246,8 @@ def main():
         "- Cross-entropy and logistic have no compression: the CVXPY problem holds N exponential cones. The "
         "rows above show where the time goes: compilation is a small share, the interior-point solver the rest, "
         "growing with N (the two cross-entropy rows). The torch backend (docs/benchmark_fista.md) is the tool for "
-        "these losses at large N; CVXPY's dual form and canonicalization backends were not measured here.",
+        "these losses at large N; CVXPY's dual form, its canonicalization backends, a Parameter for beta and "
+        "Clarabel's KKT factorizations are measured in docs/benchmark_cvxpy_options.md.",
     ]
     write_doc(args.out, lines)
 
