@@ -10,8 +10,8 @@ copies their figures to ``DOCS/figures/reproduction/<experiment>_*.png`` and wri
   standard deviation and range over the seeds of the final test accuracy (all rows, ``x != 0``,
   ``x = 0``), the mean rank of the true label and the first step with 99% test accuracy; then one
   row per run with its Wilson 95% interval; the claims as the command evaluated them;
-* ``grok-gates`` (``RUNS/gates`` or one subfolder of it per command): one row per gate set and
-  beta (certified relative gap, accuracies, the operand evidence of the true label), the means over
+* ``grok-gates`` (``RUNS/gates``, and ``RUNS/gates_rerun`` for the reruns of issue 24, or one
+  subfolder of either per command): one row per gate set and beta (certified relative gap, accuracies, the operand evidence of the true label), the means over
   gate seeds and one figure of every command's points;
 * the single-seed experiments of issue 5: one row per run, the claims and effective ranks.
 
@@ -34,7 +34,7 @@ from cvxtransformer.experiments.stats import aggregate, fmt_mean, fmt_value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
-EXPERIMENTS = ("ladder", "gates", "mod15_readings",  # issue 12: several seeds
+EXPERIMENTS = ("ladder", "gates", "gates_rerun", "mod15_readings",  # issue 12: several seeds; issue 24: reruns
                "grok", "grok_variants", "grok_mod15_frac0.8", "kernel", "spectral", "spectral_periodicity")
 
 
@@ -126,9 +126,9 @@ def gates_means(rows):
     return lines
 
 
-def gates_section(folder, figures, docs):
+def gates_section(folder, figures, docs, prefix="gates"):
     """All ``grok-gates`` commands of the experiment: the means over gate seeds (oracle: over teachers)
-    and one figure over every gate set, then each command's rows."""
+    and one figure over every gate set (``<prefix>_all.png``), then each command's rows."""
     from cvxtransformer.experiments.gate_solves import plot_gates
 
     summaries = gates_summaries(folder)
@@ -141,11 +141,11 @@ def gates_section(folder, figures, docs):
             rows[key] = r
     rows = list(rows.values())
     teachers = list({json.dumps(t, sort_keys=True): t for s in summaries.values() for t in s["teachers"]}.values())
-    figure = os.path.join(figures, "gates_all.png")
+    figure = os.path.join(figures, f"{prefix}_all.png")
     plot_gates(rows, teachers, figure)
     lines = ["Every command's points together (a point solved twice counted once, with its smaller gap): "
              "mean ± standard deviation (min-max) over the gate seeds (oracle: over the teachers).", ""] + gates_means(rows)
-    lines += ["", f"Figure: [gates_all.png]({os.path.relpath(figure, docs)})", ""]
+    lines += ["", f"Figure: [{prefix}_all.png]({os.path.relpath(figure, docs)})", ""]
     for name, summary in summaries.items():
         lines += [f"### `{name}`", ""] + gates_tables(summary)
     return lines
@@ -256,6 +256,17 @@ def previous_sections(report):
     return sections
 
 
+def previous_machine(report):
+    """The machine named in the header of a report written before sections named theirs, or None."""
+    if not os.path.exists(report):
+        return None
+    with open(report) as f:
+        for line in f.read().split("\n## ")[0].splitlines():
+            if line.startswith("Machine: "):
+                return line[len("Machine: "):].rstrip(".")
+    return None
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -266,8 +277,8 @@ def cpu_name():
 
 def section(folder, experiment, figures, docs):
     """The lines of one experiment's section (its figures are copied)."""
-    if experiment == "gates":
-        return gates_section(folder, figures, docs)
+    if experiment in ("gates", "gates_rerun"):
+        return gates_section(folder, figures, docs, prefix=experiment)
     lines = []
     summary = _load(os.path.join(folder, "summary.json")) if os.path.exists(os.path.join(folder, "summary.json")) \
         else {}
@@ -304,20 +315,26 @@ def main(argv=None):
     for file in os.listdir(figures):  # only this script writes there: replace the figures of what is rerun
         if owner(file) in found or owner(file) is None:
             os.remove(os.path.join(figures, file))
+    here = (f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}; "
+            "every run used one torch thread")
+    older = previous_machine(report)
     lines = ["# Reproduction: measured numbers", "",
              "Written by `python benchmarks/reproduction_report.py --runs runs` from the output folders of the",
              "commands in [reproduction.md](reproduction.md); the narrative and the verdicts are there.",
-             f"Machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
-             f"{torch.__version__}; every run used one torch thread.", ""]
+             "Each section names the machine its runs were made on.", ""]
     for experiment in EXPERIMENTS:
         folder = os.path.join(args.runs, experiment)
         lines += [f"## {experiment}", ""]
         if experiment in found:
-            lines += section(folder, experiment, figures, args.docs)
+            lines += [f"_Machine: {here}._", ""] + section(folder, experiment, figures, args.docs)
         elif experiment in previous:
             body = [line for line in previous[experiment] if not line.startswith("_Kept from the previous")]
-            lines += [f"_Kept from the previous report: the folder `{experiment}` is not in `{args.runs}` here._"]
-            lines += body if body and body[0] == "" else [""] + body
+            while body and body[0] == "":
+                body.pop(0)
+            if older and not (body and body[0].startswith("_Machine: ")):
+                body = [f"_Machine: {older}._", ""] + body
+            lines += [f"_Kept from the previous report: the folder `{experiment}` is not in "
+                      f"`{os.path.basename(os.path.normpath(args.runs))}` here._", ""] + body
         else:
             lines += [f"Missing: no folder `{folder}`.", ""]
     with open(report + ".tmp", "w") as f:

@@ -3,6 +3,7 @@ science): ``grok-ladder``, ``grok-gates``, the new metrics of every run, ``--qui
 options given, and the figures' titles and legends."""
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -160,6 +161,13 @@ def test_grok_gates_quick(tmp_path, capsys):
     assert f"| {ref['zero_objective']:.1f} | {ref['reference_objective']:.1f} | {ref['reference_scale']:.3g} | " \
            f"{ref['reference_beta_fraction']:.4f} |" in text
     assert os.path.getsize(docs / "figures" / "reproduction" / "gates_all.png") > 1000
+    # a rerun of the oracle points (issue 24) is its own section and figure; the first one stays
+    shutil.copytree(only, tmp_path / "runs" / "gates_rerun" / "oracle_only")
+    assert load_report().main(["--runs", str(tmp_path / "runs"), "--docs", str(docs)]) == 0
+    rerun = (docs / "reproduction_numbers.md").read_text().split("## gates_rerun\n")[1].split("\n## ")[0]
+    assert "### `oracle_only`" in rerun and "### `all`" not in rerun
+    assert f"| oracle | 4 | 0.5 | 1 | {int(ref['certified'])}/1 | {ref['relative_gap']:.1e} | " in rerun
+    assert {"gates_all.png", "gates_rerun_all.png"} <= set(os.listdir(docs / "figures" / "reproduction"))
     assert main(["grok-gates", "--teacher", teacher, "--quick", "--random-gates", "0", "--oracle-gates", "0",
                  "--out-dir", str(tmp_path / "none")]) == 2
     assert "both are 0" in capsys.readouterr().err and not (tmp_path / "none").exists()
