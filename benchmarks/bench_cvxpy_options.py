@@ -14,18 +14,15 @@ a cap) and certified by the verifier on the whole problem (relative gap from the
 - ``parameter``: beta as a ``cvxpy.Parameter``, so a path of three betas compiles once (DPP) and
   re-solves, against three fresh builds.
 
-    python benchmarks/bench_cvxpy_options.py            # about 15 minutes on a 2-core machine
+    python benchmarks/bench_cvxpy_options.py            # about 6 minutes on a 2-core machine
     python benchmarks/bench_cvxpy_options.py --quick    # small sizes, about a minute
 """
-import argparse
 import copy
 import json
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from common import DOCS, ROOT, load, machine, write_doc
+from common import DOCS, case_parser, load, machine, run_fresh, write_doc
 
 CAP = 400  # seconds before a run is killed
 PATH = (0.2, 0.1, 0.05)  # beta / beta_max of the path of the "parameter" rows
@@ -118,18 +115,6 @@ def one(case):
     if case["variant"] in ("parameter", "fresh"):
         return dict(case, **solve_path(problem, case["variant"] == "parameter"))
     return dict(case, **solve_once(problem.with_beta(case["frac"] * problem.beta_max()), case["variant"]))
-
-
-def run(case, cap):
-    """``one(case)`` in a fresh process killed after ``cap`` seconds (the row then says so)."""
-    try:
-        out = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], capture_output=True, text=True,
-                             timeout=cap, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return dict(case, killed=cap)
-    if out.returncode:
-        return dict(case, error=(out.stderr.strip().splitlines() or ["no output"])[-1][:200])
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 VARIANTS = ("primal", "scipy", "coo", "dual", "faer")
@@ -244,19 +229,14 @@ def summary(rows):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--cap", type=float, default=CAP, help="seconds before a run is killed")
-    parser.add_argument("--out", default=str(DOCS / "benchmark_cvxpy_options.md"))
-    args = parser.parse_args()
+    args = case_parser(__doc__.splitlines()[0], CAP, DOCS / "benchmark_cvxpy_options.md").parse_args()
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return
     started, load0, t = time.strftime("%Y-%m-%d %H:%M"), load(), time.perf_counter()
     rows = []
     for case in cases(args.quick):
-        rows.append(run(case, args.cap))
+        rows.append(run_fresh(__file__, case, args.cap))
         r = rows[-1]
         print(f"{case['loss']} N={case['N']} {case['variant']}: "
               + (f"{r['total']:.2f} s, gap {r['gap']:.1e}" if "total" in r else str(r.get("error") or "killed")),

@@ -16,14 +16,12 @@ compression exists) to show where its time goes. Writes ``docs/benchmark_exact.m
     python benchmarks/bench_exact.py            # about 15 minutes on a 2-core machine
     python benchmarks/bench_exact.py --quick    # small sizes, about a minute
 """
-import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import DOCS, ROOT, load, machine, write_doc
+from common import DOCS, case_parser, load, machine, run_fresh, write_doc
 
 TOL = 1e-7  # the relative gap a run must certify
 CAP = 180  # seconds before a run is killed
@@ -71,21 +69,6 @@ def one(case):
     row.update(build=t1 - t0, compile=built.problem.compilation_time, solver_time=built.problem.solver_stats.solve_time,
                certify=t3 - t2, total=t3 - t0, gap=cert.relative_gap,
                coefficients=int(cvxpy_coefficients(problem, formulation)))
-    return row
-
-
-def run(case, cap):
-    """``one(case)`` in a fresh process killed after ``cap`` seconds (the row then says so)."""
-    t0 = time.perf_counter()
-    try:
-        out = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], capture_output=True, text=True,
-                             timeout=cap, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return dict(case, killed=cap)
-    if out.returncode:
-        return dict(case, error=out.stderr.strip().splitlines()[-1][:200])
-    row = json.loads(out.stdout.strip().splitlines()[-1])
-    row["wall"] = time.perf_counter() - t0
     return row
 
 
@@ -196,19 +179,14 @@ def plot(rows, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    parser.add_argument("--cap", type=float, default=CAP, help="seconds before a run is killed")
-    parser.add_argument("--out", default=str(DOCS / "benchmark_exact.md"))
-    args = parser.parse_args()
+    args = case_parser(__doc__.splitlines()[0], CAP, DOCS / "benchmark_exact.md").parse_args()
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return
     start, load_start = time.perf_counter(), load()
     rows = []
     for case in cases(args.quick):
-        row = run(case, args.cap)
+        row = run_fresh(__file__, case, args.cap)
         rows.append(row)
         print(f"bench_exact: {json.dumps(row)}", file=sys.stderr, flush=True)
     figure = Path(args.out).parent / "figures" / "benchmark_exact.png"

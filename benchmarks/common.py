@@ -1,5 +1,8 @@
-"""What every benchmark shares: a description of the machine, writing its page of docs/, and the
-time to a certified gap of a solve capped in wall time in a fresh process."""
+"""What every benchmark shares: a description of the machine, writing its page of docs/, one case
+of a benchmark run in a fresh process, and the time to a certified gap of a solve capped in wall
+time in a fresh process."""
+import argparse
+import json
 import multiprocessing
 import os
 import platform
@@ -47,6 +50,33 @@ def load():
         return open("/proc/loadavg").read().split()[0]
     except OSError:
         return "?"
+
+
+def case_parser(description, cap, out):
+    """The options of a benchmark that runs each case in a fresh process: ``--quick``, ``--cap``,
+    ``--out``, and the hidden ``--one CASE`` (JSON) by which it runs one case and prints its row."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--cap", type=float, default=cap, help="seconds before a run is killed")
+    parser.add_argument("--out", default=str(out))
+    return parser
+
+
+def run_fresh(script, case, cap):
+    """``script --one case`` in a fresh process killed after ``cap`` seconds: its row (JSON, the last
+    line it prints) with its wall time in ``wall``, or the case with ``killed`` or ``error``."""
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run([sys.executable, str(script), "--one", json.dumps(case)], capture_output=True,
+                             text=True, timeout=cap, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return dict(case, killed=cap)
+    if out.returncode:
+        return dict(case, error=(out.stderr.strip().splitlines() or ["no output"])[-1][:200])
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["wall"] = time.perf_counter() - t0
+    return row
 
 
 def write_doc(path, lines):
