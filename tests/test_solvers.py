@@ -11,16 +11,19 @@ from cvxtransformer.testing import (check_dual_feasibility, check_gap, check_kkt
 
 from conftest import CASES, GROUP_LASSO_CASES, case_id, cuda, random_problem
 
-# (solver, form, dtype, device): the certified tolerance and the KKT levels each reaches
+# (solver, form, dtype, device): the certified tolerance and the KKT levels each reaches. An interior
+# point's KKT residuals are of the order of sqrt(gap) (gaps of 1e-11 to 1e-10 here: up to 1.6e-5 of
+# dual feasibility on the nuclear norm, whose support is a numerical rank), hence Clarabel's 1e-4.
 GRID = {
-    ("clarabel", "primal", "float64", "cpu"): dict(tol=1e-7, stationarity=1e-3),
-    ("clarabel", "dual", "float64", "cpu"): dict(tol=1e-7, stationarity=1e-3),
-    ("scs", "primal", "float64", "cpu"): dict(tol=1e-4, stationarity=None),  # SCS's iterate keeps noise groups
-    ("scs", "dual", "float64", "cpu"): dict(tol=1e-4, stationarity=1e-1),
-    ("fista", "primal", "float64", "cpu"): dict(tol=1e-8, stationarity=1e-2),
-    ("fista", "primal", "float32", "cpu"): dict(tol=1e-4, stationarity=None),
-    ("fista", "primal", "float64", "cuda"): dict(tol=1e-8, stationarity=1e-2),
-    ("fista", "primal", "float32", "cuda"): dict(tol=1e-4, stationarity=None),
+    ("clarabel", "primal", "float64", "cpu"): dict(tol=1e-7, stationarity=1e-3, feasibility=1e-4),
+    ("clarabel", "dual", "float64", "cpu"): dict(tol=1e-7, stationarity=1e-3, feasibility=1e-4),
+    # SCS: its primal iterate keeps noise groups (no stationarity level)
+    ("scs", "primal", "float64", "cpu"): dict(tol=1e-4, stationarity=None, feasibility=1e-5),
+    ("scs", "dual", "float64", "cpu"): dict(tol=1e-4, stationarity=1e-1, feasibility=1e-5),
+    ("fista", "primal", "float64", "cpu"): dict(tol=1e-8, stationarity=1e-2, feasibility=1e-2),
+    ("fista", "primal", "float32", "cpu"): dict(tol=1e-4, stationarity=None, feasibility=1e-2),
+    ("fista", "primal", "float64", "cuda"): dict(tol=1e-8, stationarity=1e-2, feasibility=1e-2),
+    ("fista", "primal", "float32", "cuda"): dict(tol=1e-4, stationarity=None, feasibility=1e-2),
 }
 CONFIGS = [pytest.param(key, id="-".join(key), marks=[cuda, pytest.mark.cuda] if key[3] == "cuda" else [])
            for key in GRID]
@@ -42,7 +45,7 @@ def solved(case, key):
 def test_gap_kkt_and_recovery(case, key):
     problem, result = solved(case, key)
     check_gap(problem, result, GRID[key]["tol"])
-    check_kkt(result, GRID[key]["stationarity"] or np.inf, 1e-5 if key[0] != "fista" else 1e-2)
+    check_kkt(result, GRID[key]["stationarity"] or np.inf, GRID[key]["feasibility"])
     check_recovery(problem, result)
 
 
