@@ -53,22 +53,28 @@ def clarabel_settings(variant):
     return settings
 
 
+def solve_built(built, problem, variant="primal", build=0.0):
+    """Solve a built CVXPY problem with Clarabel (``variant``'s settings and canonicalization) and
+    certify its Z and V on ``problem``: the row's timings (``build`` seconds already spent) and gap."""
+    import cvxtransformer as ct
+
+    t0 = time.perf_counter()
+    built.problem.solve(solver="CLARABEL", canon_backend={"scipy": "SCIPY", "coo": "COO"}.get(variant),
+                        **clarabel_settings(variant))
+    total = build + time.perf_counter() - t0
+    gap = ct.certify(problem, built.extract_Z(), V=built.extract_V(), refine=False).relative_gap
+    stats = built.problem.solver_stats
+    return dict(build=build, compile=built.problem.compilation_time, solver_time=stats.solve_time,
+                iterations=stats.num_iters, total=total, gap=gap, status=built.problem.status)
+
+
 def solve_once(problem, variant):
     """Build, compile and solve one problem; returns the timings and the certified gap."""
-    import cvxtransformer as ct
     from cvxtransformer.core.cvxpy_builders import BUILDERS
 
-    form = "dual" if variant == "dual" else "primal"
-    backend = {"scipy": "SCIPY", "coo": "COO"}.get(variant)
     t0 = time.perf_counter()
-    built = BUILDERS[form](problem, "direct")
-    t1 = time.perf_counter()
-    built.problem.solve(solver="CLARABEL", canon_backend=backend, **clarabel_settings(variant))
-    t2 = time.perf_counter()
-    cert = ct.certify(problem, built.extract_Z(), V=built.extract_V(), refine=False)
-    stats = built.problem.solver_stats
-    return dict(build=t1 - t0, compile=built.problem.compilation_time, solver_time=stats.solve_time,
-                iterations=stats.num_iters, total=t2 - t0, gap=cert.relative_gap, status=built.problem.status)
+    built = BUILDERS["dual" if variant == "dual" else "primal"](problem, "direct")
+    return solve_built(built, problem, variant, time.perf_counter() - t0)
 
 
 def solve_path(problem, parametrized):
@@ -76,7 +82,6 @@ def solve_path(problem, parametrized):
     the first solve's and the later solves' timings, and the worst certified gap."""
     import cvxpy as cp
 
-    import cvxtransformer as ct
     from cvxtransformer.core.cvxpy_builders import build_primal
 
     beta_max, rows = problem.beta_max(), []
@@ -96,13 +101,7 @@ def solve_path(problem, parametrized):
         else:
             built = build_primal(sub, "direct")
             build = 0.0
-        t1 = time.perf_counter()
-        built.problem.solve(solver="CLARABEL", **clarabel_settings("primal"))
-        t2 = time.perf_counter()
-        gap = ct.certify(sub, built.extract_Z(), V=built.extract_V(), refine=False).relative_gap
-        stats = built.problem.solver_stats
-        rows.append(dict(build=build + t1 - t0, compile=built.problem.compilation_time, solver_time=stats.solve_time,
-                         iterations=stats.num_iters, total=build + t2 - t0, gap=gap))
+        rows.append(solve_built(built, sub, build=build + time.perf_counter() - t0))
         build = 0.0
     return dict(first=rows[0], later=rows[1:], gap=max(r["gap"] for r in rows),
                 total=sum(r["total"] for r in rows))

@@ -11,8 +11,9 @@ copies their figures to ``DOCS/figures/reproduction/<experiment>_*.png`` and wri
   ``x = 0``), the mean rank of the true label and the first step with 99% test accuracy; then one
   row per run with its Wilson 95% interval; the claims as the command evaluated them;
 * ``grok-gates`` (``RUNS/gates``, and ``RUNS/gates_rerun`` for the reruns of issue 24, or one
-  subfolder of either per command): one row per gate set and beta (certified relative gap, accuracies, the operand evidence of the true label), the means over
-  gate seeds and one figure of every command's points;
+  subfolder of either per command): one row per gate set and beta (certified relative gap,
+  accuracies, the operand evidence of the true label), the means over gate seeds and one figure of
+  every command's points;
 * the single-seed experiments of issue 5: one row per run, the claims and effective ranks.
 
 Nothing is retrained. An experiment whose folder is missing keeps the section it had in the

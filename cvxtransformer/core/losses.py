@@ -325,9 +325,8 @@ class CrossEntropyLoss(Loss):
         ``diag(q_i) - q_i q_i^T``. At ``at = Yhat`` it is ``sum_i (1/p_{i,y} - 1)`` (= exp(L_i) - 1)."""
         if at is None:
             return torch.sum(torch.expm1(torch.logsumexp(Yhat, dim=1) - torch.sum(T * Yhat, dim=1)), dtype=F64)
-        G = T - self.dual_variable(Yhat, T)  # p_i
-        G -= T
-        return torch.sum(G * G * torch.exp(-torch.log_softmax(at, dim=1)), dtype=F64)
+        V = self.dual_variable(Yhat, T)  # e_y - p_i
+        return torch.sum(V * V * torch.exp(-torch.log_softmax(at, dim=1)), dtype=F64)
 
     def cvxpy_value(self, Yhat, T):
         import cvxpy as cp
