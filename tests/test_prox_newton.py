@@ -199,3 +199,18 @@ def test_newton_on_two_processes_takes_the_same_steps_as_one(tmp_path):
         assert P == pytest.approx(one.certificate.primal_objective, rel=rel), key
         if dtype == "float64":
             assert np.linalg.norm(np.asarray(Z) - one.Z) <= 1e-7 * max(np.linalg.norm(one.Z), 1e-12), key
+
+
+def test_weighted_gram_cost_counts_the_samples_of_each_pair_of_gates():
+    """Gated: ``sum_{j <= j'} |{i: M_ij M_ij' = 1}| (|K| d)^2`` multiply-adds per weight column (the
+    pairs are gathered); ungated: the upper triangle ``N F^2 / 2``."""
+    problem = random_problem(12, "squared", "vector", seed=3, N=33, n=5, d=3, gates=3)
+    p = problem.program
+    J, K = [0, 2], [1, 3]
+    M = p.mask[:, J]
+    pairs = sum(int(np.sum(M[:, a] * M[:, b])) for a in range(2) for b in range(a, 2))
+    assert 0 < pairs < 3 * p.N
+    assert p.operator("cpu", torch.float64).restrict(torch.tensor(J), torch.tensor(K)).weighted_gram_cost() \
+        == pairs * (len(K) * p.d) ** 2
+    p8 = random_problem(8, "squared", "scalar", seed=3, N=33, n=5, d=3).program
+    assert p8.operator("cpu", torch.float64).weighted_gram_cost() == p8.N * (p8.n * p8.d) ** 2 / 2

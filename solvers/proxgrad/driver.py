@@ -321,20 +321,22 @@ class _Run:
         run before it: 0 when ``NEWTON_STEPS`` Newton steps cost no more than ``FIRST_ORDER_MIN``
         iterations, else as many iterations as they cost, so that a subproblem never costs much more
         than twice the better of the two. Costs in multiply-adds of products that stream a matrix
-        once: an iteration ``2 N F c``; a Newton step ``N c(c+1)/2 F^2`` for the Hessian (float32
-        GEMMs, about ``3 GEMM_SPEEDUP`` times faster per multiply-add than a float64 product that
-        streams the data; an upper bound, as the model keeps the active blocks only) and
-        ``MODEL_ITERS`` iterations of ``(cF)^2`` on the model. Once a subproblem needed Newton steps,
-        the later ones of the solve start with them."""
+        once: an iteration ``2 N F c``; a Newton step ``c(c+1)/2 op.weighted_gram_cost()`` for the
+        Hessian (``N F^2 / 2`` per pair of outputs, less on gated programs; float32 GEMMs, about
+        ``1.5 GEMM_SPEEDUP`` times faster per multiply-add than a float64 product that streams the
+        data; an upper bound, as the model keeps the active blocks only) and ``MODEL_ITERS``
+        iterations of ``(cF)^2`` on the model. Once a subproblem needed Newton steps, the later
+        ones of the solve start with them."""
         c, F, N = self.problem.program.n_outputs, op.hJ * op.F, op.N_total
         if c * F > NEWTON_FEATURES:
             return None
-        step = N * c * (c + 1) / 2 * F * F / (3.0 * GEMM_SPEEDUP[self.device.type]) + MODEL_ITERS * (c * F) ** 2
+        hessian = c * (c + 1) / 2 * op.weighted_gram_cost()
+        step = hessian / (1.5 * GEMM_SPEEDUP[self.device.type]) + MODEL_ITERS * (c * F) ** 2
         k = NEWTON_STEPS * step / (2.0 * N * F * c)
         return 0 if k <= FIRST_ORDER_MIN else int(k)
 
     def _gram_pays(self, op):
-        """Cost model: forming H (N F^2 multiply-adds, at GEMM speed) and iterations of F^2 c,
+        """Cost model: forming H (N F^2 multiply-adds ungated, at GEMM speed) and iterations of F^2 c,
         against iterations that stream the N x F data twice. A GEMM runs about ``GEMM_SPEEDUP``
         times faster per multiply-add than a product that streams its matrix once."""
         F = op.hJ * op.F
@@ -347,6 +349,6 @@ class _Run:
         c = self.problem.program.n_outputs
         t_data = 2.0 * op.N_total * op.F * max(1.0, op.hJ * c / r)
         t_gram_iter = F * F * max(1.0, c / r)
-        t_build = op.N_total * F * (F + c) / r
+        t_build = (2.0 * op.weighted_gram_cost() + op.N_total * F * c) / r  # N F^2 ungated, less gated
         k = 100 if self.last_iters is None else max(50, 1.5 * self.last_iters)
         return t_build + k * t_gram_iter < k * t_data
