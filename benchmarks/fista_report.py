@@ -164,10 +164,11 @@ HOW = [
     "otherwise).",
     "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing). Squared loss: FISTA on "
     "the Gram matrix of the working set when a cost model says it pays (built in chunks of samples, "
-    "block-triangular), with a Newton polish on a stable support. Logistic and cross-entropy: **proximal Newton** "
+    "block-triangular; on gated programs block (j, j') of gates sums only the samples where both gates are on), "
+    "with a Newton polish on a stable support. Logistic and cross-entropy: **proximal Newton** "
     "(`solvers/proxgrad/prox_newton.py`): at each step the Hessian `A^T W A` of the loss on the active blocks "
     "(nonzero, and the worst violators) is summed from the data in float32 (coupled across the c outputs for "
-    "cross-entropy), the Newton model is solved as a squared loss (FISTA on its Gram form plus the support "
+    "cross-entropy; pairs of gates as for the Gram matrix), the Newton model is solved as a squared loss (FISTA on its Gram form plus the support "
     "polish) to a tenth of the working set's gap, and an Armijo line search on the true objective takes the "
     "step; a Hessian serves up to 3 more steps while the active blocks stay the same and each step divides the "
     "gap by 4 or more (lazy Hessians: on thousands of active features the Hessian is most of a step's cost); "
