@@ -69,9 +69,10 @@ def test_hessian_and_gradient_metric_of_every_loss(name, kind):
 def test_weighted_gram_is_the_gram_of_the_weighted_design(program, chunk):
     problem = random_problem(program, "squared", "scalar" if program == 8 else "vector", seed=3, N=33, n=5, d=3)
     p = problem.program
-    J, K = torch.arange(p.h), torch.tensor([0, 2, 3])
+    J, K = torch.arange(0, p.h, 2), torch.tensor([0, 2, 3])  # gated: every other gate
+    assert p.h == 1 or 1 < len(J) < p.h
     op = p.operator("cpu", torch.float64, chunk).restrict(J, K)
-    cols = (np.arange(p.h)[:, None, None] * p.n * p.d + K.numpy()[None, :, None] * p.d
+    cols = (J.numpy()[:, None, None] * p.n * p.d + K.numpy()[None, :, None] * p.d
             + np.arange(p.d)[None, None, :]).ravel()
     D = p.design()[:, cols]
     w = np.random.default_rng(1).standard_normal((p.N, 3))
@@ -182,6 +183,11 @@ def _newton_on_shards(rank):
             r = ct.solve(problem, "fista", tol=1e-10 if dtype == "float64" else 1e-4, dtype=dtype, method="gram")
             out[f"{case_id(case)}-{dtype}"] = [np.asarray(r.Z).tolist(), r.certificate.primal_objective,
                                                r.certificate.relative_gap, r.certified, r.iterations]
+    # method "auto": the ski rental's cost (pairs of gates on, summed over the shards) decides alike
+    problem = shard_problem(random_problem(12, "logistic", "binary", seed=9, N=41, frac=0.05), [21, 20])
+    r = ct.solve(problem, "fista", tol=1e-10)
+    out["auto"] = [np.asarray(r.Z).tolist(), r.certificate.primal_objective, r.certified,
+                   problem.program.operator("cpu", torch.float64).weighted_gram_cost()]
     return out
 
 
@@ -189,6 +195,12 @@ def test_newton_on_two_processes_takes_the_same_steps_as_one(tmp_path):
     results, codes, _ = launch(tmp_path, 2, _newton_on_shards)
     assert codes == [0, 0] and "error" not in results[0], results.get(0, {}).get("trace")
     assert results[0] == results[1]  # bit for bit: every decision from sums over the shards
+    Z, P, certified, cost = results[0].pop("auto")
+    whole = random_problem(12, "logistic", "binary", seed=9, N=41, frac=0.05)
+    M = whole.program.mask
+    assert cost == np.sum(np.triu(M.T @ M)) * (whole.program.n * whole.program.d) ** 2  # both shards counted
+    assert certified and P == pytest.approx(ct.solve(whole, "fista", tol=1e-10).certificate.primal_objective,
+                                            rel=1e-8)
     for key, (Z, P, gap, certified, iterations) in results[0].items():
         case = next(c for c in NEWTON_CASES if key.startswith(case_id(c) + "-"))
         dtype = key.rsplit("-", 1)[1]

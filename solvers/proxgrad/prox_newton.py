@@ -14,7 +14,9 @@ float64), and only over the *active* blocks: those nonzero at x and the worst vi
 ``||g_g|| <= beta`` (at most as many as are nonzero, at least ``ACTIVE_MIN``); the other blocks of
 the working set stay at zero for this step, and the next step's gradient brings in any that
 should move. So a Newton step costs ``N (c F_a)^2 / 2`` multiply-adds at GEMM speed, ``F_a`` the
-active features, and an iteration on the model ``(c F_a)^2``, independent of N.
+active features (on gated programs, each block of gates ``(j, j')`` over the samples where both are
+on only: ``op.weighted_gram_cost``), and an iteration on the model ``(c F_a)^2``, independent of N.
+The step's image ``A d`` is computed once, and ``A x`` follows the steps (recomputed on return).
 
 A convex quadratic is a squared loss: ``q = 1/2 ||R x' - t||^2 + const`` with ``R = W^(1/2) A`` and
 ``t = R x - W^(-1/2) grad L``, so ``||t||^2 = x^T H x - 2 <x, g> + sum_i grad L_i^T W_i^+ grad L_i``
@@ -149,19 +151,23 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
     rounding = 64.0 * torch.finfo(x.dtype).eps
     ix = sm.image(x)
     kept, served, last_gap = None, 0, math.inf  # the last Hessian (active blocks, H, its prediction), its reuses
+    stepped = False  # ix is then updated from the steps, and A x recomputed once on return
+
+    def fresh(x, ix):
+        return sm.image(x) if stepped else ix
+
     while True:
         reason = budget.spent()
         if reason:
-            return x, ix, reason
+            return x, fresh(x, ix), reason
         g, V = sm.grad(x, ix)
         primal, dual = gap_terms(sm, reg, x, ix, float(sm.value(x, ix)), g, V)
         if on_check is not None:
             on_check(budget.iterations, primal, dual)
         scale = max(1.0, abs(primal))
         if (primal - dual) / scale <= tol:
-            return x, ix, "converged"
+            return x, fresh(x, ix), "converged"
         JK = active_blocks(x, g, reg.beta)
-        op = sm.op if JK is None else sm.op.restrict(*JK)
         key = None if JK is None else (tuple(JK[0].tolist()), tuple(JK[1].tolist()))
         lazy = (kept is not None and kept[0] == key and served < LAZY_STEPS
                 and primal - dual <= LAZY_RATIO * last_gap)
@@ -174,20 +180,21 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         xa = _take(x, JK)
         model, q_x = newton_model(kept[1], sm.loss, sm.T, xa, ix, _take(g, JK), kept[2] if lazy else None)
         if model is None:
-            return x, ix, "stalled"
+            return x, fresh(x, ix), "stalled"
         target = max(MODEL_GAP * (primal - dual), 0.5 * tol * scale) / max(1.0, abs(q_x + float(reg.value(xa))))
         left = None if budget.deadline is None else max(0.0, budget.deadline - time.perf_counter())
         xm, _, _, inner = fista(model, model.from_canonical(xa), reg, model.lipschitz_guess(None), target,
                                 Budget(MODEL_ITER, left, budget.shards), check_every, None, rounding,
                                 polish=Polisher(), floor=floor)
         if inner == "time_limit":
-            return x, ix, inner
+            return x, fresh(x, ix), inner
         da = model.to_canonical(xm) - xa
-        Ad, d = op.forward(da), _put(da, JK, x.shape)
+        d = _put(da, JK, x.shape)
+        Ad = sm.op.forward(d)  # the working set's tokens are contiguous: no gather of the active ones
         R0 = float(reg.value(x))
         decrease = _dot(g, d) + float(reg.value(x + d)) - R0  # < 0: the model's minimum lies below q(x)
         if not decrease < 0.0:
-            return x, ix, "stalled"
+            return x, fresh(x, ix), "stalled"
         step = 1.0
         for _ in range(BACKTRACKS):
             trial = float(sm.loss.value(torch.add(ix, Ad, alpha=step), sm.T)) + float(reg.value(x + step * d))
@@ -195,7 +202,7 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
                 break
             step *= 0.5
         else:
-            return x, ix, "stalled"
+            return x, fresh(x, ix), "stalled"
         flatter = step == 1.0 and primal - trial > max(-FLATTER * decrease, 1e3 * rounding * scale)  # than the model
         while flatter and step < LONGEST:
             longer = float(sm.loss.value(torch.add(ix, Ad, alpha=2 * step), sm.T)) + float(reg.value(x + 2 * step * d))
@@ -203,5 +210,6 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
                 break
             step, trial = 2 * step, longer
         x = torch.add(x, d, alpha=step)
-        ix = sm.image(x)
+        ix = torch.add(ix, Ad, alpha=step)  # A x without a pass over the data (rounding only; fresh on return)
+        stepped = True
         budget.iterations += 1
