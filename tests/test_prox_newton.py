@@ -226,3 +226,57 @@ def test_weighted_gram_cost_counts_the_samples_of_each_pair_of_gates():
         == pairs * (len(K) * p.d) ** 2
     p8 = random_problem(8, "squared", "scalar", seed=3, N=33, n=5, d=3).program
     assert p8.operator("cpu", torch.float64).weighted_gram_cost() == p8.N * (p8.n * p8.d) ** 2 / 2
+
+
+# --- Newton on the support: the start of a dense model ------------------------------------------
+
+def test_newton_on_support_stops_once_its_decrement_is_below_stop():
+    """With ``stop = 0`` the iterate is the stationary point of phi (H z - b + beta z_g / ||z_g|| = 0,
+    checked from its definition); with a stop, the point it returns is within ``stop`` of that
+    minimum (a Newton step of decrement ``lambda^2 <= stop`` leaves O(lambda^4))."""
+    from solvers.proxgrad.newton import newton_on_support
+    rng = np.random.default_rng(3)
+    m, d, beta = 12, 4, 0.05
+    A = rng.standard_normal((200, m * d))
+    H, b = torch.tensor(A.T @ A), torch.tensor(A.T @ rng.standard_normal(200))
+    z0 = torch.tensor(rng.standard_normal((m, d)))
+
+    def phi(z):
+        v = z.reshape(-1)
+        return float(0.5 * v @ H @ v - b @ v + beta * torch.linalg.vector_norm(z, dim=-1).sum())
+
+    exact = newton_on_support(H, b, z0, beta)
+    stationarity = H @ exact.reshape(-1) - b + beta * (exact / torch.linalg.vector_norm(exact, dim=-1, keepdim=True)).reshape(-1)
+    assert float(torch.linalg.vector_norm(stationarity)) <= 1e-9 * float(torch.linalg.vector_norm(b))
+    for stop in (1e-2, 1e-6):
+        early = newton_on_support(H, b, z0, beta, stop=stop)
+        assert phi(exact) <= phi(early) <= phi(exact) + stop
+
+
+@pytest.mark.parametrize("case", [(8, "logistic", "binary"), (10, "cross_entropy", "classes"),
+                                  (12, "logistic", "binary")], ids=case_id)
+@pytest.mark.parametrize("dtype, tol", [("float64", 1e-9), ("float32", 1e-4)])
+def test_a_dense_model_is_started_by_newton_on_its_support(case, dtype, tol, monkeypatch, steps):
+    """At a small beta every block is active: the model (no violator let in) starts with Newton on
+    x's support, which solves it; the solve is certified and reaches the optimum of the solve without
+    that start (``START_FEATURES = 0``) and Clarabel's."""
+    started, real = [], prox_newton._newton_start
+
+    def spy(*args):
+        out = real(*args)
+        started.append(out[1])
+        return out
+
+    monkeypatch.setattr(prox_newton, "_newton_start", spy)
+    problem = random_problem(*case, seed=11, N=300, n=3, d=3, gates=2, frac=1e-3)
+    result = ct.solve(problem, "fista", tol=tol, dtype=dtype, method="gram")
+    cert = ct.certify(problem, result.Z, result.V, tol=tol, refine=False)
+    assert result.certified and cert.certified and cert.relative_gap <= tol
+    assert any(started), started  # at least one model solved by Newton on the support alone
+    monkeypatch.setattr(prox_newton, "START_FEATURES", 0)
+    without = ct.solve(problem, "fista", tol=tol, dtype=dtype, method="gram")
+    assert without.certified
+    reference = ct.solve(problem, "clarabel", tol=1e-9).certificate.primal_objective
+    for r in (result, without):
+        assert r.certificate.primal_objective == pytest.approx(reference, rel=max(tol, 1e-7))
+    assert {h.method for h in result.history if h.method} == {"newton"}  # no fallback to first order

@@ -13,13 +13,18 @@ assumed. This replaces the slow tail of accelerated gradient on ill-conditioned 
 import torch
 
 from .fista import gap_terms
+from .smooth import principal
 
 POLISH_GAP = 1e-2  # relative gap below which a stable support is polished
 MAX_FEATURES = 1536  # largest support (features) polished: one Cholesky costs F_S^3 / 3
 
 
-def newton_on_support(H, b, z, beta, iterations=20):
+def newton_on_support(H, b, z, beta, iterations=20, stop=0.0):
     """Minimize phi over the support; ``z`` (m, d) has nonzero rows, ``H`` (m*d, m*d), ``b`` (m*d,).
+
+    Stops at rounding, or after the step whose Newton decrement ``grad^T hess^-1 grad`` (about twice
+    ``phi(z) - min phi`` before it) was ``<= stop``: the step itself leaves a gap of the order of
+    its square.
 
     Returns the new (m, d) rows, or None when a group would leave the support (the support was
     not the optimal one) or the Hessian is not positive definite.
@@ -57,25 +62,29 @@ def newton_on_support(H, b, z, beta, iterations=20):
         else:
             return None
         z, value = trial, new
+        if -decrease <= stop:
+            return z
     return z
 
 
-def polish(sm, x, beta):
+def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20):
     """Newton polish of every output of an iterate ``x`` (in ``sm``'s layout) on its support.
 
     ``sm`` offers ``support_system(J, K)``: the Gram matrix (F', F') and ``A^T T`` (c, F') of the
     program restricted to its gates J and tokens K (local indices), features ordered (j, k, e).
+    ``stop``: the Newton decrement at which each output's solve may stop (:func:`newton_on_support`);
+    ``max_features``: the largest support polished; ``iterations``: Newton iterations at most.
     Returns the polished iterate, or None (support too large, a failed Newton solve, or no
     Gram form of the loss).
     """
     if getattr(sm, "coupled", False):
-        return _polish_coupled(sm, x, beta)
+        return _polish_coupled(sm, x, beta, stop, max_features, iterations)
     x4 = sm.to_canonical(x)  # (|J|, c, |K|, d)
     hJ, c, nK, d = x4.shape
     nz = torch.linalg.vector_norm(x4, dim=-1) > 0  # (|J|, c, |K|)
     J = torch.nonzero(nz.any(dim=(1, 2))).flatten()
     K = torch.nonzero(nz.any(dim=(0, 1))).flatten()
-    if len(J) == 0 or len(J) * len(K) * d > MAX_FEATURES:
+    if len(J) == 0 or len(J) * len(K) * d > max_features:
         return None
     system = sm.support_system(J, K)
     if system is None:
@@ -90,8 +99,9 @@ def polish(sm, x, beta):
         if len(S) == 0:
             continue
         idx = (S[:, None] * d + arange[None, :]).reshape(-1)
-        z = newton_on_support(H.index_select(0, idx).index_select(1, idx).to(torch.float64),
-                              B[l].index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta)
+        z = newton_on_support(principal(H, idx).to(torch.float64),
+                              B[l].index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
+                              iterations, stop)
         if z is None:
             return None
         out[l, S] = z.to(x.dtype)
@@ -101,17 +111,18 @@ def polish(sm, x, beta):
     return sm.from_canonical(full.index_copy_(2, K, blockJ))
 
 
-def _polish_coupled(sm, x, beta):
+def _polish_coupled(sm, x, beta, stop, max_features, iterations):
     """:func:`polish` when the Gram matrix couples the outputs: one Newton system over the nonzero
     groups of every output (``sm.H`` is (cF, cF), ``x`` in ``sm``'s layout (c, |J|, |K|, d))."""
     d = x.shape[-1]
     groups = x.reshape(-1, d)
     S = torch.nonzero(torch.linalg.vector_norm(groups, dim=-1) > 0).flatten()
-    if len(S) == 0 or len(S) * d > MAX_FEATURES:
+    if len(S) == 0 or len(S) * d > max_features:
         return None
     idx = (S[:, None] * d + torch.arange(d, device=x.device)[None, :]).reshape(-1)
-    z = newton_on_support(sm.H.index_select(0, idx).index_select(1, idx).to(torch.float64),
-                          sm.B.reshape(-1).index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta)
+    z = newton_on_support(principal(sm.H, idx).to(torch.float64),
+                          sm.B.reshape(-1).index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
+                          iterations, stop)
     if z is None:
         return None
     return torch.zeros_like(groups).index_copy_(0, S, z.to(x.dtype)).view_as(x)

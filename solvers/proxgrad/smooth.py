@@ -88,6 +88,11 @@ class DataSmooth:
         return self.loss.lipschitz * num / den if den > 0 else 1.0
 
 
+def principal(H, idx):
+    """The rows and columns ``idx`` (increasing) of H: H itself, not a copy, when they are all of them."""
+    return H if len(idx) == H.shape[0] else H.index_select(0, idx).index_select(1, idx)
+
+
 class GramSmooth:
     """``f(x) = 1/2 tt - <B, x> + 1/2 <x, x H>``: the squared loss ``1/2 ||A x - T||^2`` (``tt = ||T||^2``)
     or any convex quadratic ``1/2 ||R x - t||^2`` (``H = R^T R``, ``B = R^T t``, ``tt = ||t||^2``);
@@ -117,7 +122,7 @@ class GramSmooth:
         """Rows and columns of H, and columns of B, of the gates J and tokens K."""
         _, hJ, nK, d = self.shape
         idx = ((J[:, None, None] * nK + K[None, :, None]) * d + torch.arange(d, device=J.device)).reshape(-1)
-        return self.H.index_select(0, idx).index_select(1, idx), self.B.index_select(1, idx)
+        return principal(self.H, idx), self.B.index_select(1, idx)
 
     def grad(self, y, iy):
         return iy - self.B4, (y, iy)
