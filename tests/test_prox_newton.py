@@ -280,3 +280,21 @@ def test_a_dense_model_is_started_by_newton_on_its_support(case, dtype, tol, mon
     for r in (result, without):
         assert r.certificate.primal_objective == pytest.approx(reference, rel=max(tol, 1e-7))
     assert {h.method for h in result.history if h.method} == {"newton"}  # no fallback to first order
+
+
+@pytest.mark.parametrize("dtype, tol, inner", [("float64", 1e-6, 1e-6), ("float32", 1e-4, 5e-5)])
+def test_a_settled_working_set_is_solved_to_tol_itself_in_float64(dtype, tol, inner, monkeypatch):
+    """Newton takes every violator, so its first working set is settled: in float64 its gap is the
+    certificate's (no margin needed: a round that lands between tol / 2 and tol is not repeated); in
+    float32 the certificate's float64 gap may differ, and the subproblem is solved to tol / 2."""
+    tols, real = [], driver.prox_newton
+
+    def spy(*args, **kwargs):
+        tols.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "prox_newton", spy)
+    problem = random_problem(12, "logistic", "binary", seed=2, N=300, n=4, d=3, frac=0.01)
+    result = ct.solve(problem, "fista", tol=tol, dtype=dtype, method="gram")
+    assert result.certified and tols == [inner]
+    assert ct.certify(problem, result.Z, result.V, tol=tol, refine=False).relative_gap <= tol
