@@ -251,6 +251,7 @@ def test_newton_on_support_stops_once_its_decrement_is_below_stop():
     for stop in (1e-2, 1e-6):
         early = newton_on_support(H, b, z0, beta, stop=stop)
         assert phi(exact) <= phi(early) <= phi(exact) + stop
+    assert torch.equal(newton_on_support(H, b, z0, beta, deadline=0.0), z0)  # past its deadline: no iteration
 
 
 @pytest.mark.parametrize("case", [(8, "logistic", "binary"), (10, "cross_entropy", "classes"),

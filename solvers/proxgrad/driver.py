@@ -239,7 +239,7 @@ class _Run:
             sm, op, method_used = self.subproblem(key, o["method"])
             x = sm.from_canonical(self.ws.extract(self.x, key).to(self.dtype))
             slack = 1e-9 if self.dtype == F64 else 1e-4
-            polish = Polisher() if self.ws.polishable and sm.quadratic else None
+            polish = Polisher(budget.local_deadline()) if self.ws.polishable and sm.quadratic else None
             it0 = budget.iterations
 
             def on_check(k, primal, dual):

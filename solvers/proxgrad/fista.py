@@ -30,6 +30,11 @@ class Budget:
         self.deadline = None if time_limit is None else time.perf_counter() + time_limit
         self.shards = shards
 
+    def local_deadline(self):
+        """The deadline for loops whose iterations the processes need not agree on (one process:
+        every loop; distributed: None, as a clock read on one process only could split the iterates)."""
+        return self.deadline if self.shards is None else None
+
     def spent(self):
         if self.iterations >= self.max_iter:
             return "max_iter"

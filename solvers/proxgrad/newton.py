@@ -10,6 +10,8 @@ A few damped Newton steps reach it to rounding; whether it is the optimum of the
 is then decided by the certificate (groups off S must satisfy ``||(A^T V)_g|| <= beta``), never
 assumed. This replaces the slow tail of accelerated gradient on ill-conditioned data.
 """
+import time
+
 import torch
 
 from .fista import gap_terms
@@ -19,12 +21,12 @@ POLISH_GAP = 1e-2  # relative gap below which a stable support is polished
 MAX_FEATURES = 1536  # largest support (features) polished: one Cholesky costs F_S^3 / 3
 
 
-def newton_on_support(H, b, z, beta, iterations=20, stop=0.0):
+def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None):
     """Minimize phi over the support; ``z`` (m, d) has nonzero rows, ``H`` (m*d, m*d), ``b`` (m*d,).
 
     Stops at rounding, or after the step whose Newton decrement ``grad^T hess^-1 grad`` (about twice
     ``phi(z) - min phi`` before it) was ``<= stop``: the step itself leaves a gap of the order of
-    its square.
+    its square; or at ``deadline`` (``time.perf_counter()``), with the point reached.
 
     Returns the new (m, d) rows, or None when a group would leave the support (the support was
     not the optimal one) or the Hessian is not positive definite.
@@ -38,6 +40,8 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0):
     eye = torch.eye(d, dtype=z.dtype, device=z.device)
     value = phi(z)
     for _ in range(iterations):
+        if deadline is not None and time.perf_counter() >= deadline:
+            return z
         norms = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
         u = z / norms
         grad = (H @ z.reshape(-1) - b) + beta * u.reshape(-1)
@@ -67,18 +71,19 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0):
     return z
 
 
-def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20):
+def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, deadline=None):
     """Newton polish of every output of an iterate ``x`` (in ``sm``'s layout) on its support.
 
     ``sm`` offers ``support_system(J, K)``: the Gram matrix (F', F') and ``A^T T`` (c, F') of the
     program restricted to its gates J and tokens K (local indices), features ordered (j, k, e).
     ``stop``: the Newton decrement at which each output's solve may stop (:func:`newton_on_support`);
-    ``max_features``: the largest support polished; ``iterations``: Newton iterations at most.
+    ``max_features``: the largest support polished; ``iterations``: Newton iterations at most, until
+    ``deadline``.
     Returns the polished iterate, or None (support too large, a failed Newton solve, or no
     Gram form of the loss).
     """
     if getattr(sm, "coupled", False):
-        return _polish_coupled(sm, x, beta, stop, max_features, iterations)
+        return _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline)
     x4 = sm.to_canonical(x)  # (|J|, c, |K|, d)
     hJ, c, nK, d = x4.shape
     nz = torch.linalg.vector_norm(x4, dim=-1) > 0  # (|J|, c, |K|)
@@ -101,7 +106,7 @@ def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20):
         idx = (S[:, None] * d + arange[None, :]).reshape(-1)
         z = newton_on_support(principal(H, idx).to(torch.float64),
                               B[l].index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
-                              iterations, stop)
+                              iterations, stop, deadline)
         if z is None:
             return None
         out[l, S] = z.to(x.dtype)
@@ -111,7 +116,7 @@ def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20):
     return sm.from_canonical(full.index_copy_(2, K, blockJ))
 
 
-def _polish_coupled(sm, x, beta, stop, max_features, iterations):
+def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline):
     """:func:`polish` when the Gram matrix couples the outputs: one Newton system over the nonzero
     groups of every output (``sm.H`` is (cF, cF), ``x`` in ``sm``'s layout (c, |J|, |K|, d))."""
     d = x.shape[-1]
@@ -122,7 +127,7 @@ def _polish_coupled(sm, x, beta, stop, max_features, iterations):
     idx = (S[:, None] * d + torch.arange(d, device=x.device)[None, :]).reshape(-1)
     z = newton_on_support(principal(sm.H, idx).to(torch.float64),
                           sm.B.reshape(-1).index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
-                          iterations, stop)
+                          iterations, stop, deadline)
     if z is None:
         return None
     return torch.zeros_like(groups).index_copy_(0, S, z.to(x.dtype)).view_as(x)
@@ -135,8 +140,8 @@ class Polisher:
     ``__call__`` returns None or ``(x, image, primal, certified)``.
     """
 
-    def __init__(self):
-        self.tried, self.last_support = set(), None
+    def __init__(self, deadline=None):
+        self.tried, self.last_support, self.deadline = set(), None, deadline
 
     def __call__(self, sm, reg, x, primal, gap, tol, on_check, iteration):
         support = torch.linalg.vector_norm(x, dim=-1) > 0
@@ -146,7 +151,7 @@ class Polisher:
         if gap >= POLISH_GAP or not stable or key in self.tried:
             return None
         self.tried.add(key)
-        xc = polish(sm, x, reg.beta)
+        xc = polish(sm, x, reg.beta, deadline=self.deadline)
         if xc is None:
             return None
         ixc = sm.image(xc)

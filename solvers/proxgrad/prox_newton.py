@@ -142,13 +142,14 @@ def _put(block, JK, shape):
     return torch.zeros(shape, dtype=block.dtype, device=block.device).index_copy_(2, K, rows.index_copy_(0, J, block))
 
 
-def _newton_start(model, xm, reg, target, scale):
+def _newton_start(model, xm, reg, target, scale, deadline):
     """Where every group of the model's start ``xm`` is nonzero (no violator let in: the support is
     x's), Newton on that support (:func:`.newton.polish`) until its decrement is below the target gap.
     Returns the point to go on from, and whether the model's relative gap there is <= ``target``."""
     if not bool((torch.linalg.vector_norm(xm, dim=-1) > 0).all()):
         return xm, False
-    z = polish(model, xm, reg.beta, stop=target * scale, max_features=START_FEATURES, iterations=START_ITERATIONS)
+    z = polish(model, xm, reg.beta, stop=target * scale, max_features=START_FEATURES, iterations=START_ITERATIONS,
+               deadline=deadline)
     if z is None:
         return xm, False
     iz = model.image(z)
@@ -208,12 +209,12 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         q_scale = max(1.0, abs(q_x + float(reg.value(xa))))
         target = max(MODEL_GAP * (primal - dual), 0.5 * tol * scale) / q_scale
         xm = model.from_canonical(xa)
-        xm, solved = _newton_start(model, xm, reg, target, q_scale)
+        xm, solved = _newton_start(model, xm, reg, target, q_scale, budget.local_deadline())
         if not solved:
             left = None if budget.deadline is None else max(0.0, budget.deadline - time.perf_counter())
             lipschitz = model.lipschitz_guess(None) if lipschitz is None else lipschitz  # the Hessian's, when kept
             xm, _, _, inner = fista(model, xm, reg, lipschitz, target, Budget(MODEL_ITER, left, budget.shards),
-                                    check_every, None, rounding, polish=Polisher(), floor=floor)
+                                    check_every, None, rounding, polish=Polisher(budget.local_deadline()), floor=floor)
             if inner == "time_limit":
                 return x, fresh(x, ix), inner
         da = model.to_canonical(xm) - xa
