@@ -246,7 +246,8 @@ def test_newton_on_support_stops_once_its_decrement_is_below_stop():
         return float(0.5 * v @ H @ v - b @ v + beta * torch.linalg.vector_norm(z, dim=-1).sum())
 
     exact = newton_on_support(H, b, z0, beta)
-    stationarity = H @ exact.reshape(-1) - b + beta * (exact / torch.linalg.vector_norm(exact, dim=-1, keepdim=True)).reshape(-1)
+    unit = exact / torch.linalg.vector_norm(exact, dim=-1, keepdim=True)
+    stationarity = H @ exact.reshape(-1) - b + beta * unit.reshape(-1)
     assert float(torch.linalg.vector_norm(stationarity)) <= 1e-9 * float(torch.linalg.vector_norm(b))
     for stop in (1e-2, 1e-6):
         early = newton_on_support(H, b, z0, beta, stop=stop)

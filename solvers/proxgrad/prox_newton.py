@@ -29,11 +29,11 @@ spends hundreds of products with H; measured on the logistic program (12), N = 1
 features at 0.001 beta_max: 7.0 s -> 3.4 s), and otherwise, or where that support is not the model's
 optimal one, FISTA on its Gram form (:class:`.smooth.GramSmooth`) with the Newton polish on a stable
 support (:mod:`.newton`). A line search on the true objective gives the step: Armijo backtracking
-on ``P(x + s d)``, and a unit step that P shows too short (P fell by more than 0.55 of its first-order decrease; on
-a quadratic model it falls by 1/2) is doubled while P keeps falling (far from the optimum, at small
-beta, the loss is flatter along d than its model); ``A x`` and ``A d`` are combined, so a
-trial costs no product. Once the support is stable, a
-step is a Newton step on the support: the gap falls quadratically where first-order methods crawl
+on ``P(x + s d)``, and a unit step that P shows too short (P fell by more than 0.55 of its
+first-order decrease; on a quadratic model it falls by 1/2) is doubled while P keeps falling (far
+from the optimum, at small beta, the loss is flatter along d than its model); ``A x`` and ``A d``
+are combined, so a trial costs no product. Once the support is stable, a step is a Newton step on
+the support: the gap falls quadratically where first-order methods crawl
 (small beta, near-separable classes, correlated tokens).
 
 Lazy Hessians: on many active blocks the Hessian is most of a step's cost (``N (c F_a)^2 / 2``
