@@ -67,6 +67,13 @@ def gap_terms(sm, reg, x, ix, fx, g, state):
     return primal, float(sm.dual_value(state, 1.0 if gmax <= reg.beta else reg.beta / gmax))
 
 
+def gap_at(sm, reg, x):
+    """The image of a point with no image at hand, and P and D of the subproblem there."""
+    ix = sm.image(x)
+    g, state = sm.grad(x, ix)
+    return (ix,) + gap_terms(sm, reg, x, ix, None, g, state)
+
+
 def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9, stall_checks=30, polish=None,
           floor=math.inf):
     """Run FISTA on ``sm`` + ``reg`` from ``x`` until the subproblem's relative gap is <= ``tol``.

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .fista import gap_terms
+from .fista import gap_at
 from .smooth import principal
 
 POLISH_GAP = 1e-2  # relative gap below which a stable support is polished
@@ -154,9 +154,7 @@ class Polisher:
         xc = polish(sm, x, reg.beta, deadline=self.deadline)
         if xc is None:
             return None
-        ixc = sm.image(xc)
-        gc, state = sm.grad(xc, ixc)
-        pc, dc = gap_terms(sm, reg, xc, ixc, None, gc, state)
+        ixc, pc, dc = gap_at(sm, reg, xc)
         if on_check is not None:
             on_check(iteration, pc, dc)
         if pc >= primal:

@@ -58,7 +58,7 @@ import time
 
 import torch
 
-from .fista import Budget, _dot, fista, gap_terms
+from .fista import Budget, _dot, fista, gap_at, gap_terms
 from .newton import Polisher, polish
 from .smooth import GramSmooth
 
@@ -152,9 +152,7 @@ def _newton_start(model, xm, reg, target, scale, deadline):
                deadline=deadline)
     if z is None:
         return xm, False
-    iz = model.image(z)
-    g, state = model.grad(z, iz)
-    primal, dual = gap_terms(model, reg, z, iz, None, g, state)
+    _, primal, dual = gap_at(model, reg, z)
     return z, (primal - dual) / max(1.0, abs(primal)) <= target
 
 
@@ -208,8 +206,7 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
             return x, fresh(x, ix), "stalled"
         q_scale = max(1.0, abs(q_x + float(reg.value(xa))))
         target = max(MODEL_GAP * (primal - dual), 0.5 * tol * scale) / q_scale
-        xm = model.from_canonical(xa)
-        xm, solved = _newton_start(model, xm, reg, target, q_scale, budget.local_deadline())
+        xm, solved = _newton_start(model, model.from_canonical(xa), reg, target, q_scale, budget.local_deadline())
         if not solved:
             left = None if budget.deadline is None else max(0.0, budget.deadline - time.perf_counter())
             lipschitz = model.lipschitz_guess(None) if lipschitz is None else lipschitz  # the Hessian's, when kept
