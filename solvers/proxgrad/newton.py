@@ -21,12 +21,17 @@ POLISH_GAP = 1e-2  # relative gap below which a stable support is polished
 MAX_FEATURES = 1536  # largest support (features) polished: one Cholesky costs F_S^3 / 3
 
 
-def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None):
+def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, factor=None):
     """Minimize phi over the support; ``z`` (m, d) has nonzero rows, ``H`` (m*d, m*d), ``b`` (m*d,).
 
     Stops at rounding, or after the step whose Newton decrement ``grad^T hess^-1 grad`` (about twice
     ``phi(z) - min phi`` before it) was ``<= stop``: the step itself leaves a gap of the order of
     its square; or at ``deadline`` (``time.perf_counter()``), with the point reached.
+
+    ``factor``: the precision of the Cholesky factorisation (default H's). A lower one (float32:
+    twice the speed) is followed by one step of iterative refinement in H's precision, and falls
+    back to H's where the Hessian is not positive definite in it; phi, its gradient and the line
+    search keep H's precision, so only the step is inexact (the rate of an inexact Newton method).
 
     Returns the new (m, d) rows, or None when a group would leave the support (the support was
     not the optimal one) or the Hessian is not positive definite.
@@ -38,6 +43,7 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None):
         return float(0.5 * v @ (H @ v) - b @ v + beta * torch.linalg.vector_norm(w, dim=-1).sum())
 
     eye = torch.eye(d, dtype=z.dtype, device=z.device)
+    low = factor is not None and factor != H.dtype
     value = phi(z)
     for _ in range(iterations):
         if deadline is not None and time.perf_counter() >= deadline:
@@ -46,12 +52,22 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None):
         u = z / norms
         grad = (H @ z.reshape(-1) - b) + beta * u.reshape(-1)
         blocks = beta * (eye - u[:, :, None] * u[:, None, :]) / norms[:, :, None]
-        hess = H.clone()
-        hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0))
-        chol, info = torch.linalg.cholesky_ex(hess)
-        if int(info) != 0:
-            return None
-        step = -torch.cholesky_solve(grad[:, None], chol)[:, 0].reshape(m, d)
+        if low:
+            hess = H.to(factor)
+            hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0).to(factor))
+            chol, info = torch.linalg.cholesky_ex(hess)
+            low = int(info) == 0
+        if low:
+            step = -torch.cholesky_solve(grad.to(factor)[:, None], chol)[:, 0].to(H.dtype)
+            residual = grad + H @ step + torch.einsum("gij,gj->gi", blocks, step.view(m, d)).reshape(-1)
+            step = (step - torch.cholesky_solve(residual.to(factor)[:, None], chol)[:, 0].to(H.dtype)).view(m, d)
+        else:
+            hess = H.clone()
+            hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0))
+            chol, info = torch.linalg.cholesky_ex(hess)
+            if int(info) != 0:
+                return None
+            step = -torch.cholesky_solve(grad[:, None], chol)[:, 0].reshape(m, d)
         decrease = float(grad @ step.reshape(-1))
         if -decrease <= 1e-15 * max(1.0, abs(value)):
             return z
@@ -71,19 +87,19 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None):
     return z
 
 
-def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, deadline=None):
+def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, deadline=None, factor=None):
     """Newton polish of every output of an iterate ``x`` (in ``sm``'s layout) on its support.
 
     ``sm`` offers ``support_system(J, K)``: the Gram matrix (F', F') and ``A^T T`` (c, F') of the
     program restricted to its gates J and tokens K (local indices), features ordered (j, k, e).
     ``stop``: the Newton decrement at which each output's solve may stop (:func:`newton_on_support`);
     ``max_features``: the largest support polished; ``iterations``: Newton iterations at most, until
-    ``deadline``.
+    ``deadline``; ``factor``: the precision of the factorisations (:func:`newton_on_support`).
     Returns the polished iterate, or None (support too large, a failed Newton solve, or no
     Gram form of the loss).
     """
     if getattr(sm, "coupled", False):
-        return _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline)
+        return _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor)
     x4 = sm.to_canonical(x)  # (|J|, c, |K|, d)
     hJ, c, nK, d = x4.shape
     nz = torch.linalg.vector_norm(x4, dim=-1) > 0  # (|J|, c, |K|)
@@ -106,7 +122,7 @@ def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, dead
         idx = (S[:, None] * d + arange[None, :]).reshape(-1)
         z = newton_on_support(principal(H, idx).to(torch.float64),
                               B[l].index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
-                              iterations, stop, deadline)
+                              iterations, stop, deadline, factor)
         if z is None:
             return None
         out[l, S] = z.to(x.dtype)
@@ -116,7 +132,7 @@ def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, dead
     return sm.from_canonical(full.index_copy_(2, K, blockJ))
 
 
-def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline):
+def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor):
     """:func:`polish` when the Gram matrix couples the outputs: one Newton system over the nonzero
     groups of every output (``sm.H`` is (cF, cF), ``x`` in ``sm``'s layout (c, |J|, |K|, d))."""
     d = x.shape[-1]
@@ -127,7 +143,7 @@ def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline):
     idx = (S[:, None] * d + torch.arange(d, device=x.device)[None, :]).reshape(-1)
     z = newton_on_support(principal(sm.H, idx).to(torch.float64),
                           sm.B.reshape(-1).index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
-                          iterations, stop, deadline)
+                          iterations, stop, deadline, factor)
     if z is None:
         return None
     return torch.zeros_like(groups).index_copy_(0, S, z.to(x.dtype)).view_as(x)

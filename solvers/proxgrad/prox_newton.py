@@ -22,13 +22,15 @@ A convex quadratic is a squared loss: ``q = 1/2 ||R x' - t||^2 + const`` with ``
 ``t = R x - W^(-1/2) grad L``, so ``||t||^2 = x^T H x - 2 <x, g> + sum_i grad L_i^T W_i^+ grad L_i``
 (``loss.gradient_metric``). The model plus the group lasso is therefore solved by the squared
 loss's own machinery, to a duality gap of the model of ``MODEL_GAP`` times the working set's: where
-every active block of x is nonzero (no violator let in, as at small beta, where nearly every block
-is active), by Newton on that support (:func:`.newton.polish`, stopped once its decrement is below
-the target: one Cholesky factorisation of the ``c F_a`` features per step, or a few, where FISTA
-spends hundreds of products with H; measured on the logistic program (12), N = 10,000, 2,048 active
-features at 0.001 beta_max: 7.0 s -> 3.4 s), and otherwise, or where that support is not the model's
-optimal one, FISTA on its Gram form (:class:`.smooth.GramSmooth`) with the Newton polish on a stable
-support (:mod:`.newton`). A line search on the true objective gives the step: Armijo backtracking
+no violator was let in (the model's blocks are x's nonzero ones, and the support of x may well be
+the model's optimal one: small beta, where nearly every block is active, and the last steps of any
+solve), by Newton on that support (:func:`.newton.polish`, stopped once its decrement is below the
+target: one Cholesky factorisation of the ``c F_a`` features per step, or a few, where FISTA spends
+hundreds of products with H; in float32, the precision of H, with one step of refinement; measured
+on the logistic program (12), N = 10,000, 2,048 active features at 0.001 beta_max: 7.0 s -> 3.4 s,
+and float32 factors 3.4 s -> 2.5 s), and otherwise, or where that support is not the model's
+optimal one (its gap says so), FISTA on its Gram form (:class:`.smooth.GramSmooth`) with the Newton
+polish on a stable support (:mod:`.newton`). A line search on the true objective gives the step: Armijo backtracking
 on ``P(x + s d)``, and a unit step that P shows too short (P fell by more than 0.55 of its
 first-order decrease; on a quadratic model it falls by 1/2) is doubled while P keeps falling (far
 from the optimum, at small beta, the loss is flatter along d than its model); ``A x`` and ``A d``
@@ -38,14 +40,14 @@ the support: the gap falls quadratically where first-order methods crawl
 
 Lazy Hessians: on many active blocks the Hessian is most of a step's cost (``N (c F_a)^2 / 2``
 against ``(c F_a)^2`` per model iteration). A step whose active blocks are those of the last step,
-and whose predecessor divided the gap by ``1 / LAZY_RATIO`` or more, keeps the last Hessian (up to
-``LAZY_STEPS`` times in a row): the model is then ``f(x) + <g, x' - x> + 1/2 (x' - x)^T H_0 (x' - x)``
+and whose predecessor divided the gap by ``1 / LAZY_RATIO`` (10) or more, keeps the last Hessian
+(up to ``LAZY_STEPS`` times in a row): the model is then ``f(x) + <g, x' - x> + 1/2 (x' - x)^T H_0 (x' - x)``
 with the gradient at x and ``H_0`` taken at the earlier prediction ``yhat_0``, a convex quadratic
 all the same (its constant is ``sum_i grad L_i^T W_i(yhat_0)^+ grad L_i``, ``loss.gradient_metric``
 with ``at``), and the line search keeps every step a descent step. The rate near the optimum
 becomes fast-linear instead of quadratic, at a fraction of the cost per step (measured on the
-logistic program (12), N = 10,000, up to 2,048 active features, a certified 1e-6 at 0.01 beta_max
-with Newton steps only: 7 or 8 Hessians (by the run's threads) for 11 steps instead of 10 for 10).
+logistic program (12), N = 10,000, up to 2,048 active features, a certified 1e-6 at 0.01 beta_max:
+7 Hessians for 8 steps instead of 8 for 8; at 0.001 beta_max, 8 (5 of 2,048 features) for 10).
 
 The model's gap is an inner criterion only: whether the working set is solved is decided by its
 own duality gap at every step, and whether the program is solved by the driver's float64
@@ -69,8 +71,8 @@ BACKTRACKS = 30  # halvings of the step before the direction is given up
 LONGEST = 16.0  # a unit step that decreases P is doubled while P keeps decreasing, up to this,
 FLATTER = 0.55  # when P fell by more than this fraction of its first-order decrease (a quadratic: 1/2)
 ACTIVE_MIN = 3  # violating blocks let into the model even when few are nonzero
-LAZY_STEPS = 3  # steps a Hessian may serve after the one it was computed for (same active blocks),
-LAZY_RATIO = 0.25  # while each of them divides the gap by 1 / LAZY_RATIO at least
+LAZY_STEPS = 8  # steps a Hessian may serve after the one it was computed for (same active blocks),
+LAZY_RATIO = 0.1  # while each of them divides the gap by 1 / LAZY_RATIO at least
 START_FEATURES = 3072  # largest model started by Newton on its support (a Cholesky of 3,072 features
 #                        costs about 100 products with H on one CPU thread; FISTA spends 200-400 on a model)
 START_ITERATIONS = 6  # Newton iterations of that start at most (1 to 4 seen; each one a Cholesky)
@@ -142,14 +144,19 @@ def _put(block, JK, shape):
     return torch.zeros(shape, dtype=block.dtype, device=block.device).index_copy_(2, K, rows.index_copy_(0, J, block))
 
 
-def _newton_start(model, xm, reg, target, scale, deadline):
-    """Where every group of the model's start ``xm`` is nonzero (no violator let in: the support is
-    x's), Newton on that support (:func:`.newton.polish`) until its decrement is below the target gap.
-    Returns the point to go on from, and whether the model's relative gap there is <= ``target``."""
-    if not bool((torch.linalg.vector_norm(xm, dim=-1) > 0).all()):
+def _newton_start(model, xm, gm, reg, target, scale, deadline):
+    """Where no group that is zero in the model's start ``xm`` violates ``||gm_g|| <= beta`` (``gm``: the
+    gradient there, in the model's layout; no violator let in: the support of x may well be the
+    model's), Newton on that support (:func:`.newton.polish`) until its decrement is below the target
+    gap; the model's gap then says whether the support was the right one. Returns the point to go on
+    from, and whether the model's relative gap there is <= ``target``."""
+    zero = torch.linalg.vector_norm(xm, dim=-1) == 0
+    if bool(zero.all()):
+        return xm, False
+    if bool((torch.linalg.vector_norm(gm, dim=-1)[zero] > reg.beta).any()):
         return xm, False
     z = polish(model, xm, reg.beta, stop=target * scale, max_features=START_FEATURES, iterations=START_ITERATIONS,
-               deadline=deadline)
+               deadline=deadline, factor=torch.float32)  # the Hessian's own precision
     if z is None:
         return xm, False
     _, primal, dual = gap_at(model, reg, z)
@@ -200,13 +207,14 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         else:
             hop = hessian_op if JK is None else hessian_op.restrict(*JK)
             kept, served, lipschitz = (key, newton_hessian(hop, sm.loss, ix, sm.T), ix), 0, None
-        xa = _take(x, JK)
-        model, q_x = newton_model(kept[1], sm.loss, sm.T, xa, ix, _take(g, JK), kept[2] if lazy else None)
+        xa, ga = _take(x, JK), _take(g, JK)
+        model, q_x = newton_model(kept[1], sm.loss, sm.T, xa, ix, ga, kept[2] if lazy else None)
         if model is None:
             return x, fresh(x, ix), "stalled"
         q_scale = max(1.0, abs(q_x + float(reg.value(xa))))
         target = max(MODEL_GAP * (primal - dual), 0.5 * tol * scale) / q_scale
-        xm, solved = _newton_start(model, model.from_canonical(xa), reg, target, q_scale, budget.local_deadline())
+        xm, solved = _newton_start(model, model.from_canonical(xa), model.from_canonical(ga), reg, target, q_scale,
+                                   budget.local_deadline())
         if not solved:
             left = None if budget.deadline is None else max(0.0, budget.deadline - time.perf_counter())
             lipschitz = model.lipschitz_guess(None) if lipschitz is None else lipschitz  # the Hessian's, when kept
