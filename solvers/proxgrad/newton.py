@@ -21,6 +21,14 @@ POLISH_GAP = 1e-2  # relative gap below which a stable support is polished
 MAX_FEATURES = 1536  # largest support (features) polished: one Cholesky costs F_S^3 / 3
 
 
+def _factor(H, blocks, dtype):
+    """Cholesky factor of ``H + blockdiag(blocks)`` (``blocks`` (m, d, d)) in ``dtype``, and its info."""
+    m, d = blocks.shape[:2]
+    hess = H.to(dtype, copy=True)
+    hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0).to(dtype))
+    return torch.linalg.cholesky_ex(hess)
+
+
 def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, factor=None):
     """Minimize phi over the support; ``z`` (m, d) has nonzero rows, ``H`` (m*d, m*d), ``b`` (m*d,).
 
@@ -53,18 +61,14 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, fac
         grad = (H @ z.reshape(-1) - b) + beta * u.reshape(-1)
         blocks = beta * (eye - u[:, :, None] * u[:, None, :]) / norms[:, :, None]
         if low:
-            hess = H.to(factor)
-            hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0).to(factor))
-            chol, info = torch.linalg.cholesky_ex(hess)
+            chol, info = _factor(H, blocks, factor)
             low = int(info) == 0
         if low:
             step = -torch.cholesky_solve(grad.to(factor)[:, None], chol)[:, 0].to(H.dtype)
             residual = grad + H @ step + torch.einsum("gij,gj->gi", blocks, step.view(m, d)).reshape(-1)
             step = (step - torch.cholesky_solve(residual.to(factor)[:, None], chol)[:, 0].to(H.dtype)).view(m, d)
         else:
-            hess = H.clone()
-            hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0))
-            chol, info = torch.linalg.cholesky_ex(hess)
+            chol, info = _factor(H, blocks, H.dtype)
             if int(info) != 0:
                 return None
             step = -torch.cholesky_solve(grad[:, None], chol)[:, 0].reshape(m, d)

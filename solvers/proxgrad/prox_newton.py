@@ -206,7 +206,7 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
             served += 1
         else:
             hop = hessian_op if JK is None else hessian_op.restrict(*JK)
-            kept, served, lipschitz = (key, newton_hessian(hop, sm.loss, ix, sm.T), ix), 0, None
+            kept, served, lipschitz = (key, newton_hessian(hop, sm.loss, ix, sm.T).to(x.dtype), ix), 0, None
         xa, ga = _take(x, JK), _take(g, JK)
         model, q_x = newton_model(kept[1], sm.loss, sm.T, xa, ix, ga, kept[2] if lazy else None)
         if model is None:
