@@ -35,7 +35,7 @@ _EXPORTS = {
                                        "MHSAHeads", "Proposition1",
                                        "nonconvex_objective", "recover_weights"),
     "cvxtransformer.core.result": ("SolveResult",),
-    "cvxtransformer.solving": ("solve",),
+    "cvxtransformer.solving": ("choose_solver", "solve"),
     "cvxtransformer.verify": ("NetworkCertificate", "certify", "certify_network"),
     "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
     "cvxtransformer.comparison": ("Comparison", "compare"),

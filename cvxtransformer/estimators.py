@@ -87,7 +87,7 @@ class _ConvexEstimator(BaseEstimator):
         self.problem_, self.coef_, self.certificate_ = problem, result.Z, cert
         self.beta_, self.beta_max_, self.dual_gap_ = beta, beta_max, cert.duality_gap
         self.n_iter_ = 0 if result.iterations is None else int(result.iterations)
-        self.solver_status_ = result.status
+        self.solver_, self.solver_status_ = result.solver, result.status
         if not cert.certified:
             warnings.warn(f"{type(self).__name__}: relative duality gap {cert.relative_gap:.2e} is above tol "
                           f"{tol:.1e} (solver status: {result.status}); the solution is not certified",
@@ -225,7 +225,9 @@ _PARAMETERS = """\
     beta_frac : float > 0 or None
         beta = beta_frac * beta_max of the training data; used when ``beta`` is None (default 0.1
         when both are None). beta_frac >= 1 gives Z = 0.
-    solver : {"clarabel", "scs", "fista"}
+    solver : {"auto", "clarabel", "scs", "fista"}
+        "auto" (default): Clarabel for a small problem, the torch backend "fista" otherwise
+        (:func:`cvxtransformer.choose_solver`); ``solver_`` names the one that ran
     tol : float in (0, 1), the relative duality gap to certify
     refine : True, False or "auto", the verifier's refined dual point (:func:`cvxtransformer.certify`)
 """
@@ -244,6 +246,7 @@ _ATTRIBUTES = """
     beta_, beta_max_ : float, the beta used and beta_max of the training data
     problem_ : the ConvexProblem solved (its program holds the gates);
         ``ct.recover_weights(problem_, coef_)`` gives the nonconvex network's weights
+    solver_ : str, the solver that ran ("clarabel", "scs" or "fista": what ``solver="auto"`` chose)
     solver_status_ : str, the solver's own status (reported, never trusted)
 """
 
@@ -257,7 +260,7 @@ class AttentionRegressor(_Regressor):
         8: scalar output (y of shape (N,)); 10: c outputs; 12: with a gated-ReLU FCN.
 """ + _PARAMETERS + _GATES + _ATTRIBUTES
 
-    def __init__(self, program=10, beta=None, beta_frac=None, gates=8, gate_seed=0, solver="clarabel", tol=1e-6,
+    def __init__(self, program=10, beta=None, beta_frac=None, gates=8, gate_seed=0, solver="auto", tol=1e-6,
                  refine="auto"):
         self.program, self.beta, self.beta_frac, self.gates, self.gate_seed = program, beta, beta_frac, gates, gate_seed
         self.solver, self.tol, self.refine = solver, tol, refine
@@ -274,7 +277,7 @@ class AttentionClassifier(_Classifier):
 """
 
     def __init__(self, program=10, loss="cross_entropy", beta=None, beta_frac=None, gates=8, gate_seed=0,
-                 solver="clarabel", tol=1e-6, refine="auto"):
+                 solver="auto", tol=1e-6, refine="auto"):
         self.program, self.loss, self.beta, self.beta_frac = program, loss, beta, beta_frac
         self.gates, self.gate_seed, self.solver, self.tol, self.refine = gates, gate_seed, solver, tol, refine
 
@@ -290,7 +293,7 @@ class MHSARegressor(_Regressor):
 """ + _PARAMETERS + _ATTRIBUTES
     _programs = ("mhsa",)
 
-    def __init__(self, beta=None, beta_frac=None, solver="clarabel", tol=1e-6, refine="auto"):
+    def __init__(self, beta=None, beta_frac=None, solver="auto", tol=1e-6, refine="auto"):
         self.beta, self.beta_frac, self.solver, self.tol, self.refine = beta, beta_frac, solver, tol, refine
 
 
@@ -305,7 +308,7 @@ class MHSAClassifier(_Classifier):
 """
     _programs = ("mhsa",)
 
-    def __init__(self, loss="cross_entropy", beta=None, beta_frac=None, solver="clarabel", tol=1e-6, refine="auto"):
+    def __init__(self, loss="cross_entropy", beta=None, beta_frac=None, solver="auto", tol=1e-6, refine="auto"):
         self.loss, self.beta, self.beta_frac, self.solver, self.tol, self.refine = \
             loss, beta, beta_frac, solver, tol, refine
 
@@ -327,7 +330,7 @@ class GatedMHSARegressor(_Regressor):
 """ + _GATE_MATRICES + _PARAMETERS + _ATTRIBUTES
     _programs = ("gated_mhsa",)
 
-    def __init__(self, gates=8, gate_seed=0, beta=None, beta_frac=None, solver="clarabel", tol=1e-6, refine="auto"):
+    def __init__(self, gates=8, gate_seed=0, beta=None, beta_frac=None, solver="auto", tol=1e-6, refine="auto"):
         self.gates, self.gate_seed, self.beta, self.beta_frac = gates, gate_seed, beta, beta_frac
         self.solver, self.tol, self.refine = solver, tol, refine
 
@@ -343,7 +346,7 @@ class GatedMHSAClassifier(_Classifier):
 """
     _programs = ("gated_mhsa",)
 
-    def __init__(self, loss="cross_entropy", gates=8, gate_seed=0, beta=None, beta_frac=None, solver="clarabel",
+    def __init__(self, loss="cross_entropy", gates=8, gate_seed=0, beta=None, beta_frac=None, solver="auto",
                  tol=1e-6, refine="auto"):
         self.loss, self.gates, self.gate_seed, self.beta, self.beta_frac = loss, gates, gate_seed, beta, beta_frac
         self.solver, self.tol, self.refine = solver, tol, refine

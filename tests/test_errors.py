@@ -44,7 +44,7 @@ def test_make_problem_rejects(kwargs, match):
 
 def test_unknown_solver_and_form():
     problem = ct.make_problem(X, y, program=8, beta=0.1)
-    with pytest.raises(ct.InvalidInputError, match=r"solver: expected one of .*'clarabel'.*got 'gurobi'"):
+    with pytest.raises(ct.InvalidInputError, match=r"solver: expected 'auto' or one of .*'clarabel'.*got 'gurobi'"):
         ct.solve(problem, "gurobi")
     with pytest.raises(ct.InvalidInputError, match=r"form: expected one of \('primal', 'dual'\)"):
         ct.solve(problem, "clarabel", form="bidual")

@@ -187,11 +187,27 @@ def test_grid_search_over_beta_matches_a_loop_over_the_functional_api():
     np.testing.assert_allclose(search.best_estimator_.coef_, best.Z, rtol=0, atol=1e-12)
 
 
+def test_the_default_solver_is_auto_and_solver_names_the_one_that_ran(monkeypatch):
+    """As ``ct.solve``: Clarabel on a small problem, the torch backend past ``AUTO_COEFFICIENTS``;
+    both fits certified and equal to the named solvers' fits."""
+    from cvxtransformer import solving
+    rng = np.random.default_rng(3)
+    X, y = rng.standard_normal((60, 3, 2)), rng.choice([-1.0, 1.0], 60)
+    small = AttentionClassifier(program=8, loss="logistic", beta_frac=0.2).fit(X, y)
+    assert small.solver == "auto" and small.solver_ == "clarabel" and small.certificate_.certified
+    monkeypatch.setattr(solving, "AUTO_COEFFICIENTS", 0)
+    large = AttentionClassifier(program=8, loss="logistic", beta_frac=0.2).fit(X, y)
+    assert large.solver_ == "fista" and large.certificate_.certified
+    named = AttentionClassifier(program=8, loss="logistic", beta_frac=0.2, solver="fista").fit(X, y)
+    np.testing.assert_array_equal(large.coef_, named.coef_)
+    np.testing.assert_allclose(large.coef_, small.coef_, rtol=1e-4, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- parameters and errors
 def test_init_stores_parameters_only_and_params_round_trip():
     model = AttentionClassifier(program="bogus", loss="hinge", tol=5, beta=-1)  # validated in fit, not here
     assert model.get_params() == {"program": "bogus", "loss": "hinge", "beta": -1, "beta_frac": None, "gates": 8,
-                                  "gate_seed": 0, "solver": "clarabel", "tol": 5, "refine": "auto"}
+                                  "gate_seed": 0, "solver": "auto", "tol": 5, "refine": "auto"}
     assert model.set_params(program=12, loss="logistic", tol=1e-4) is model
     assert (model.program, model.loss, model.tol) == (12, "logistic", 1e-4)
     copy = clone(model)
@@ -208,7 +224,7 @@ def test_init_stores_parameters_only_and_params_round_trip():
     (AttentionRegressor(beta=1.0, beta_frac=0.1), "real", r"beta, beta_frac: expected one of them, got both"),
     (AttentionRegressor(program=9), "real", r"program: expected one of 8, 10, 12, 'mhsa', 'gated_mhsa', got 9"),
     (AttentionRegressor(program="mhsa"), "real", r"use MHSARegressor or MHSAClassifier"),
-    (AttentionRegressor(solver="mosek"), "real", r"solver: expected one of \['clarabel', 'fista', 'scs'\]"),
+    (AttentionRegressor(solver="mosek"), "real", r"solver: expected 'auto' or one of \['clarabel', 'fista', 'scs'\], got 'mosek'"),
     (AttentionRegressor(refine="sometimes"), "real", r"refine: expected True, False or 'auto'"),
     (AttentionRegressor(program=12, gates=0), "real", r"gates: expected an integer >= 1, got 0"),
     (AttentionRegressor(program=8), "vector", r"y: expected shape \(N,\) for program \(8\)"),
