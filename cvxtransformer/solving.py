@@ -9,7 +9,6 @@ import numpy as np
 from solvers import SOLVERS, get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
-from .core.errors import invalid
 from .core.result import SolveResult
 from .core.validation import check_positive, check_problem, check_tol
 from .verify import certify
@@ -116,11 +115,9 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     tol = check_tol(tol)
     heartbeat_after = check_positive("heartbeat_after", heartbeat_after, none_ok=True)
     choice = None
-    if not (isinstance(solver, str) and (solver == "auto" or solver in SOLVERS)):
-        raise invalid("solver", f"'auto' or one of {sorted(SOLVERS)}", repr(solver))
     if solver == "auto":
         solver, choice = choose_solver(problem, form, options, tol)
-    backend = get_solver(solver)
+    backend = get_solver(solver, auto=True)
     backend.validate(problem, form, options)
     program = problem.program
     screened = formulation = None

@@ -13,12 +13,13 @@ from .proxgrad import ProxGrad
 SOLVERS = {cls.name: cls for cls in (Clarabel, SCS, ProxGrad)}
 
 
-def get_solver(name):
-    """A solver instance by name ("clarabel", "scs", "fista"); errors name the argument."""
+def get_solver(name, auto=False):
+    """A solver instance by name ("clarabel", "scs", "fista"); errors name the argument (and "auto"
+    among the choices where the caller takes it, ``auto``)."""
     from cvxtransformer.core.errors import invalid
 
     if not isinstance(name, str) or name not in SOLVERS:
-        raise invalid("solver", f"one of {sorted(SOLVERS)}", repr(name))
+        raise invalid("solver", ("'auto' or " if auto else "") + f"one of {sorted(SOLVERS)}", repr(name))
     return SOLVERS[name]()
 
 

@@ -63,15 +63,15 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, fac
         if low:
             chol, info = _factor(H, blocks, factor)
             low = int(info) == 0
-        if low:
-            step = -torch.cholesky_solve(grad.to(factor)[:, None], chol)[:, 0].to(H.dtype)
-            residual = grad + H @ step + torch.einsum("gij,gj->gi", blocks, step.view(m, d)).reshape(-1)
-            step = (step - torch.cholesky_solve(residual.to(factor)[:, None], chol)[:, 0].to(H.dtype)).view(m, d)
-        else:
+        if not low:
             chol, info = _factor(H, blocks, H.dtype)
             if int(info) != 0:
                 return None
-            step = -torch.cholesky_solve(grad[:, None], chol)[:, 0].reshape(m, d)
+        step = -torch.cholesky_solve(grad.to(chol.dtype)[:, None], chol)[:, 0].to(H.dtype)
+        if low:  # one step of iterative refinement in H's precision
+            residual = grad + H @ step + torch.einsum("gij,gj->gi", blocks, step.view(m, d)).reshape(-1)
+            step = step - torch.cholesky_solve(residual.to(chol.dtype)[:, None], chol)[:, 0].to(H.dtype)
+        step = step.view(m, d)
         decrease = float(grad @ step.reshape(-1))
         if -decrease <= 1e-15 * max(1.0, abs(value)):
             return z

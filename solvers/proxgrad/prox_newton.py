@@ -30,11 +30,11 @@ hundreds of products with H; in float32, the precision of H, with one step of re
 on the logistic program (12), N = 10,000, 2,048 active features at 0.001 beta_max: 7.0 s -> 3.4 s,
 and float32 factors 3.4 s -> 2.5 s), and otherwise, or where that support is not the model's
 optimal one (its gap says so), FISTA on its Gram form (:class:`.smooth.GramSmooth`) with the Newton
-polish on a stable support (:mod:`.newton`). A line search on the true objective gives the step: Armijo backtracking
-on ``P(x + s d)``, and a unit step that P shows too short (P fell by more than 0.55 of its
-first-order decrease; on a quadratic model it falls by 1/2) is doubled while P keeps falling (far
-from the optimum, at small beta, the loss is flatter along d than its model); ``A x`` and ``A d``
-are combined, so a trial costs no product. Once the support is stable, a step is a Newton step on
+polish on a stable support (:mod:`.newton`). A line search on the true objective gives the step:
+Armijo backtracking on ``P(x + s d)``, and a unit step that P shows too short (P fell by more than
+0.55 of its first-order decrease; on a quadratic model it falls by 1/2) is doubled while P keeps
+falling (far from the optimum, at small beta, the loss is flatter along d than its model); ``A x``
+and ``A d`` are combined, so a trial costs no product. Once the support is stable, a step is a Newton step on
 the support: the gap falls quadratically where first-order methods crawl
 (small beta, near-separable classes, correlated tokens).
 
@@ -99,16 +99,14 @@ def newton_hessian(op, loss, Yhat, T):
 
 def newton_model(H, loss, T, x, ix, g, at=None):
     """The Newton model at ``x`` (layout (|J|, c, |K|, d)) with the Hessian ``H`` restricted to these
-    coefficients, taken at the prediction ``at`` (default: at x), ``ix`` the whole prediction at x
-    and ``g`` the gradient on these coefficients: a
-    :class:`.smooth.GramSmooth` (layout (c, |J|, |K|, d)) and its value at x,
-    ``1/2 ||t||^2 - <B, x> + 1/2 x^T H x = 1/2 metric``. (None, None) when ``||t||`` overflows (an
-    iterate far from any optimum: a sample's loss above ~700)."""
+    coefficients (in x's dtype), taken at the prediction ``at`` (default: at x), ``ix`` the whole
+    prediction at x and ``g`` the gradient on these coefficients: a :class:`.smooth.GramSmooth`
+    (layout (c, |J|, |K|, d)) and its value at x, ``1/2 ||t||^2 - <B, x> + 1/2 x^T H x = 1/2 metric``.
+    (None, None) when ``||t||`` overflows (an iterate far from any optimum: a sample's loss above ~700)."""
     metric = float(loss.gradient_metric(ix, T, at))
     if not math.isfinite(metric):
         return None, None
     hJ, c, nK, d = x.shape
-    H = H.to(x.dtype)
     xm, gm = x.transpose(0, 1).reshape(c, -1), g.transpose(0, 1).reshape(c, -1)
     Hx = (xm.reshape(-1, H.shape[0]) @ H).view(c, -1)
     model = GramSmooth(H, Hx - gm, _dot(xm, Hx) - 2.0 * _dot(xm, gm) + metric, hJ, nK, d)
