@@ -3,6 +3,8 @@ the weighted Gram matrices against independent computations; certified solves on
 these losses, in float64 and float32, on memory-mapped data and on two gloo processes (the same
 iterate on both, and the single-process solution); the fallback to first order; the nuclear norm
 kept on first order."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -152,11 +154,66 @@ def test_a_hessian_serves_several_steps_and_the_solve_is_the_same(case, monkeypa
     assert lazy.certificate.primal_objective == pytest.approx(eager.certificate.primal_objective, rel=1e-9)
 
 
-def test_a_newton_model_that_fails_leaves_the_subproblem_to_first_order(monkeypatch, steps):
-    monkeypatch.setattr(prox_newton, "newton_model", lambda *args: (None, None))
+@pytest.mark.parametrize("failure", ["no model", "no step"])
+def test_a_newton_model_that_fails_leaves_the_subproblem_to_first_order(failure, monkeypatch, steps):
+    """No model (the metric overflows: an iterate far from any optimum) or no descent step from it:
+    prox_newton gives up the subproblem ("stalled") and first order solves it, certified."""
     problem = random_problem(12, "logistic", "binary", seed=7, N=50, n=4, d=3)
+    if failure == "no model":
+        monkeypatch.setattr(type(problem.loss), "gradient_metric", lambda *args, **kwargs: torch.tensor(math.inf))
+    else:
+        monkeypatch.setattr(prox_newton, "_line_search", lambda *args: None)
     result = ct.solve(problem, "fista", tol=1e-8, method="gram")
     assert result.certified and steps and sum(steps) == 0 and result.iterations > 0
+
+
+@pytest.fixture
+def model_dtypes(monkeypatch):
+    """The dtype of every Newton model built (``newton_model``'s Hessian), in order."""
+    built, real = [], prox_newton.newton_model
+
+    def spy(H, *args):
+        built.append(H.dtype)
+        return real(H, *args)
+
+    monkeypatch.setattr(prox_newton, "newton_model", spy)
+    return built
+
+
+@pytest.mark.parametrize("case", NEWTON_CASES, ids=case_id)
+def test_loose_models_in_the_hessians_precision_reach_the_same_optimum(case, monkeypatch, model_dtypes):
+    """Models solved to a loose gap (LOW_MODEL_GAP or looser) and large enough (LOW_MODEL_FEATURES,
+    lowered here to every model) are built in float32, the Hessian's precision; the tight ones of
+    the last steps in float64. The solve is certified to 1e-10 and reaches the optimum of a solve
+    whose models are all float64, and Clarabel's."""
+    problem = random_problem(*case, seed=5, N=80, n=4, d=3, gates=3, frac=0.01)
+    monkeypatch.setattr(prox_newton, "LOW_MODEL_FEATURES", 1)
+    low = ct.solve(problem, "fista", tol=1e-10, method="gram")
+    assert low.certified and low.certificate.relative_gap <= 1e-10
+    assert torch.float32 in model_dtypes and model_dtypes[-1] == torch.float64, model_dtypes
+    del model_dtypes[:]
+    monkeypatch.setattr(prox_newton, "LOW_MODEL_GAP", math.inf)
+    exact = ct.solve(problem, "fista", tol=1e-10, method="gram")
+    assert exact.certified and set(model_dtypes) == {torch.float64}
+    assert low.certificate.primal_objective == pytest.approx(exact.certificate.primal_objective, rel=1e-9)
+    reference = ct.solve(problem, "clarabel", tol=1e-9).certificate.primal_objective
+    assert low.certificate.primal_objective == pytest.approx(reference, rel=1e-7)
+
+
+def test_a_low_precision_model_that_gives_no_step_is_built_again_in_the_working_precision(monkeypatch, model_dtypes,
+                                                                                          steps):
+    """Where the float32 model's point is no descent step (here: every one of them, forced), the
+    same step is taken from the model in float64: Newton steps go on, and the solve is certified."""
+    problem = random_problem(12, "logistic", "binary", seed=5, N=80, n=4, d=3, gates=3, frac=0.01)
+    monkeypatch.setattr(prox_newton, "LOW_MODEL_FEATURES", 1)
+    real = prox_newton._line_search
+    monkeypatch.setattr(prox_newton, "_line_search",
+                        lambda *args: None if model_dtypes[-1] == torch.float32 else real(*args))
+    result = ct.solve(problem, "fista", tol=1e-10, method="gram")
+    assert result.certified and result.certificate.relative_gap <= 1e-10
+    retried = [i for i in range(1, len(model_dtypes)) if model_dtypes[i - 1] == torch.float32]
+    assert retried and all(model_dtypes[i] == torch.float64 for i in retried), model_dtypes
+    assert sum(steps) > 0
 
 
 def test_newton_on_a_memory_map_streams_and_matches_memory(tmp_path, steps):
@@ -183,6 +240,12 @@ def _newton_on_shards(rank):
             r = ct.solve(problem, "fista", tol=1e-10 if dtype == "float64" else 1e-4, dtype=dtype, method="gram")
             out[f"{case_id(case)}-{dtype}"] = [np.asarray(r.Z).tolist(), r.certificate.primal_objective,
                                                r.certificate.relative_gap, r.certified, r.iterations]
+    # loose models in float32 (every model, however small): the same on both processes
+    features, prox_newton.LOW_MODEL_FEATURES = prox_newton.LOW_MODEL_FEATURES, 1
+    problem = shard_problem(random_problem(12, "logistic", "binary", seed=9, N=41, frac=0.05), [21, 20])
+    r = ct.solve(problem, "fista", tol=1e-10, method="gram")
+    out["low"] = [np.asarray(r.Z).tolist(), r.certificate.primal_objective, r.certified]
+    prox_newton.LOW_MODEL_FEATURES = features
     # method "auto": the ski rental's cost (pairs of gates on, summed over the shards) decides alike
     problem = shard_problem(random_problem(12, "logistic", "binary", seed=9, N=41, frac=0.05), [21, 20])
     r = ct.solve(problem, "fista", tol=1e-10)
@@ -195,6 +258,10 @@ def test_newton_on_two_processes_takes_the_same_steps_as_one(tmp_path):
     results, codes, _ = launch(tmp_path, 2, _newton_on_shards)
     assert codes == [0, 0] and "error" not in results[0], results.get(0, {}).get("trace")
     assert results[0] == results[1]  # bit for bit: every decision from sums over the shards
+    Z, P, certified = results[0].pop("low")
+    whole = random_problem(12, "logistic", "binary", seed=9, N=41, frac=0.05)
+    assert certified and P == pytest.approx(ct.solve(whole, "fista", tol=1e-10).certificate.primal_objective,
+                                            rel=1e-8)
     Z, P, certified, cost = results[0].pop("auto")
     whole = random_problem(12, "logistic", "binary", seed=9, N=41, frac=0.05)
     M = whole.program.mask

@@ -91,19 +91,21 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, fac
     return z
 
 
-def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, deadline=None, factor=None):
+def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, deadline=None, factor=None,
+           work=torch.float64):
     """Newton polish of every output of an iterate ``x`` (in ``sm``'s layout) on its support.
 
     ``sm`` offers ``support_system(J, K)``: the Gram matrix (F', F') and ``A^T T`` (c, F') of the
     program restricted to its gates J and tokens K (local indices), features ordered (j, k, e).
     ``stop``: the Newton decrement at which each output's solve may stop (:func:`newton_on_support`);
     ``max_features``: the largest support polished; ``iterations``: Newton iterations at most, until
-    ``deadline``; ``factor``: the precision of the factorisations (:func:`newton_on_support`).
+    ``deadline``; ``factor``: the precision of the factorisations (:func:`newton_on_support`); ``work``:
+    the precision of the Newton iteration itself (phi, its gradient, the line search).
     Returns the polished iterate, or None (support too large, a failed Newton solve, or no
     Gram form of the loss).
     """
     if getattr(sm, "coupled", False):
-        return _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor)
+        return _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor, work)
     x4 = sm.to_canonical(x)  # (|J|, c, |K|, d)
     hJ, c, nK, d = x4.shape
     nz = torch.linalg.vector_norm(x4, dim=-1) > 0  # (|J|, c, |K|)
@@ -124,8 +126,7 @@ def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, dead
         if len(S) == 0:
             continue
         idx = (S[:, None] * d + arange[None, :]).reshape(-1)
-        z = newton_on_support(principal(H, idx).to(torch.float64),
-                              B[l].index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
+        z = newton_on_support(principal(H, idx).to(work), B[l].index_select(0, idx).to(work), groups[S].to(work), beta,
                               iterations, stop, deadline, factor)
         if z is None:
             return None
@@ -136,7 +137,7 @@ def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, dead
     return sm.from_canonical(full.index_copy_(2, K, blockJ))
 
 
-def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor):
+def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor, work):
     """:func:`polish` when the Gram matrix couples the outputs: one Newton system over the nonzero
     groups of every output (``sm.H`` is (cF, cF), ``x`` in ``sm``'s layout (c, |J|, |K|, d))."""
     d = x.shape[-1]
@@ -145,8 +146,8 @@ def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, facto
     if len(S) == 0 or len(S) * d > max_features:
         return None
     idx = (S[:, None] * d + torch.arange(d, device=x.device)[None, :]).reshape(-1)
-    z = newton_on_support(principal(sm.H, idx).to(torch.float64),
-                          sm.B.reshape(-1).index_select(0, idx).to(torch.float64), groups[S].to(torch.float64), beta,
+    z = newton_on_support(principal(sm.H, idx).to(work), sm.B.reshape(-1).index_select(0, idx).to(work),
+                          groups[S].to(work), beta,
                           iterations, stop, deadline, factor)
     if z is None:
         return None
