@@ -14,6 +14,8 @@ only that). See :mod:`fista_report`.
     python benchmarks/bench_fista.py --part squared        # then squared_large, extras, logistic, ...
     python benchmarks/bench_fista.py --report              # the page from the stored parts
     python benchmarks/bench_fista.py --quick               # every part on small instances, about 3 minutes
+    python benchmarks/bench_fista.py --part gpu            # on a machine with a CUDA GPU (not in the default run):
+                                                           # CPU (every core) against the GPU, float64 and float32
 """
 import argparse
 import json
@@ -115,7 +117,7 @@ def instances(part, quick):
                                                                peers=("clarabel",))))}.get(part, [])
 
 
-PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy")
+PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy", "gpu")
 
 
 def run_instance(inst, caps):
@@ -236,10 +238,48 @@ def bench_float32(quick):
     return out
 
 
+# --- the GPU ----------------------------------------------------------------------------------
+
+def gpu_instances(quick):
+    """Instances of the part ``gpu``: the large rows of the CPU parts, where a GPU pays."""
+    if quick:
+        return [Instance(8, "squared", 20_000, 16, 32, 0.8, peers=()),
+                Instance(12, "logistic", 2000, 4, 8, 0.8, 0.001, heads=4, peers=())]
+    return [Instance(8, "squared", 100_000, 16, 32, 0.8, peers=()),
+            Instance(8, "squared", 100_000, 32, 64, 0.8, 0.05, peers=()),
+            Instance(12, "squared", 100_000, 8, 16, 0.0, heads=16, peers=()),
+            Instance(8, "logistic", 100_000, 16, 32, 0.8, 0.01, peers=()),
+            Instance(12, "logistic", 10_000, 8, 16, 0.8, 0.1, heads=16, peers=()),
+            Instance(12, "logistic", 10_000, 8, 16, 0.8, 0.001, heads=16, peers=()),
+            Instance(10, "cross_entropy", 50_000, 8, 16, 0.8, 0.01, classes=5, peers=())]
+
+
+def bench_gpu(quick):
+    """Each instance solved to a certified 1e-6 by the same backend on the CPU of the machine (every
+    core) and on its GPU (float64; float32 iterations with float64 certificates, to 1e-6 where
+    float32 gets there, else the gap it reached), each the best of up to 3 runs."""
+    if not torch.cuda.is_available():
+        raise SystemExit("--part gpu needs a CUDA GPU (torch.cuda.is_available() is False on this machine)")
+    threads = os.cpu_count()
+    peers.run_fista(make(gpu_instances(True)[0]), repeats=1, device="cuda")  # CUDA context, kernels
+    rows = []
+    for inst in gpu_instances(quick):
+        problem = make(inst)
+        runs = {"cpu": peers.run_fista(problem, threads=threads),
+                "cuda": peers.run_fista(problem, device="cuda"),
+                "cuda_float32": peers.run_fista(problem, device="cuda", dtype="float32", time_limit=60)}
+        rows.append({"instance": asdict(inst), "runs": {k: asdict(r) for k, r in runs.items()}})
+        print(inst.label, "|", " | ".join(f"{k} {fmt_time(r)} ({ratio(runs['cpu'], r)}x)" for k, r in runs.items()),
+              flush=True)
+    return {"rows": rows, "cpu_threads": threads}
+
+
 # --- the parts, stored, and the page --------------------------------------------------------
 
 def run_part(part, quick, caps):
     """Every measurement of one part, as plain data (JSON)."""
+    if part == "gpu":
+        return bench_gpu(quick)
     out = {"rows": []}
     for inst in instances(part, quick):
         runs = run_instance(inst, caps)
@@ -279,13 +319,15 @@ def main():
     store.mkdir(parents=True, exist_ok=True)
     caps = dict(clarabel=30.0 if args.quick else 100.0, scs=30.0, sweep=30.0 if args.quick else 90.0)
     torch.set_num_threads(1)  # every solver single-threaded: like for like, and the machine is shared
-    for part in ([] if args.report else args.part or PARTS):
+    for part in ([] if args.report else args.part or PARTS[:-1]):  # the part gpu only when asked for
         started, load0, t = time.strftime("%Y-%m-%d %H:%M"), load(), time.perf_counter()
-        peers.warm_up()
+        if part != "gpu":  # the peers (skglm, celer) run on the CPU parts only
+            peers.warm_up()
         out = run_part(part, args.quick, caps)
         cmd = f"python benchmarks/bench_fista.py --part {part}" + (" --quick" if args.quick else "")
         out.update(part=part, command=cmd, started=started, load0=load0, load1=load(), caps=caps,
-                   minutes=(time.perf_counter() - t) / 60, machine=machine(packages=("skglm", "celer")))
+                   minutes=(time.perf_counter() - t) / 60,
+                   machine=machine(threads=out.get("cpu_threads"), packages=("skglm", "celer")))
         with open(store / f"{part}.json", "w") as f:
             json.dump(out, f)
         print(f"part {part}: {out['minutes']:.1f} min", flush=True)

@@ -97,7 +97,53 @@ def targets(parts):
         r = worst["per_iter"] / worst["products"]
         L.append(f"| per-iteration cost <= 1.5x the two products | worst {r:.2f}x ({label(worst['instance'])}, "
                  f"{worst['dtype']}) | {'yes' if r <= 1.5 else 'NO'} |")
-    L.append("| GPU figures | not yet measured (no GPU lent) | - |")
+    gpu = _gpu_speedups(parts)
+    if gpu:
+        L.append(f"| GPU figures | measured ({gpu[0]}): float64 on the GPU {min(gpu[1]):.3g}x to {max(gpu[1]):.3g}x the "
+                 f"time on the machine's {gpu[2]} CPU threads (section GPU) | - |")
+    else:
+        L.append("| GPU figures | not yet measured (no GPU lent) | - |")
+    return L + [""]
+
+
+def _gpu_device(machine_line):
+    return machine_line.split(" GiB RAM, ", 1)[-1].split(";", 1)[0]
+
+
+def _gpu_speedups(parts):
+    """(GPU name, CPU time / GPU time of each float64 row certified on both, CPU threads), or None."""
+    gpu = parts.get("gpu")
+    if not gpu:
+        return None
+    x = [r["runs"]["cpu"]["seconds"] / r["runs"]["cuda"]["seconds"] for r in gpu["rows"]
+         if r["runs"]["cpu"]["seconds"] and r["runs"]["cuda"]["seconds"]]
+    return (_gpu_device(gpu["machine"]), x, gpu["cpu_threads"]) if x else None
+
+
+def gpu_section(gpu):
+    L = ["## GPU", "",
+         f"`{gpu['command']}` on {gpu['machine']}; run {gpu['started']}, {gpu['minutes']:.1f} min. The same backend, "
+         "`ct.solve(problem, \"fista\", tol=1e-6, device=...)`, on the machine's CPU "
+         f"({gpu['cpu_threads']} threads, float64) and on its GPU (float64; and float32 iterations with float64 "
+         "certificates, to 1e-6 where float32 gets there, else the gap it reached); each time the best of up to "
+         "3 runs (runs under 2 s), end to end (numpy in, numpy out: the copy to the GPU is counted), each solution "
+         "certified by the verifier. `x`: CPU time / GPU time.", "",
+         "| instance | CPU (s) | iterations (how) | GPU float64 (s) | x | GPU float32 (s) | float32 gap | x |",
+         "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for row in gpu["rows"]:
+        runs = {k: peers.Run(**r) for k, r in row["runs"].items()}
+        cpu, f64, f32 = runs["cpu"], runs["cuda"], runs["cuda_float32"]
+        L.append(f"| {label(row['instance'])} | {fmt_time(cpu)} | {cpu.iterations} ({cpu.methods}) | {fmt_time(f64)} | "
+                 f"{ratio(cpu, f64)} | {fmt_time(f32)} | {f32.gap:.1e} | {ratio(cpu, f32)} |")
+    stalled = [(row["instance"], row["runs"]["cuda"], row["runs"]["cuda_float32"]) for row in gpu["rows"]
+               if row["runs"]["cuda_float32"]["note"].startswith("stalled")]
+    if stalled:
+        L += ["", "float32 runs that ended `stalled` (their own certificate, from the scaled residual dual point of "
+              "float32 iterates, stopped decreasing above 1e-6; the verifier's refined dual point certifies the point "
+              "reached, as `ct.solve` does by default): "
+              + "; ".join(f"{label(i)}: {b['iterations']} iterations against {a['iterations']} in float64, "
+                          f"`{b['note'].split(':')[0]}`" for i, a, b in stalled)
+              + ". At small beta, float64 is the faster way to a certificate."]
     return L + [""]
 
 
@@ -217,8 +263,9 @@ def write(parts, out, figure, quick=False):
           "materialised; fista never forms it.",
           "- Tokens: `x_ik = sqrt(1-rho) e_ik + sqrt(rho) s_i` with e, s i.i.d. N(0, I_d) (rho = 0.8: strongly "
           "correlated tokens); targets from a planted 3-token teacher plus noise. Every solve starts from Z = 0.",
-          "- **GPU: not yet measured.** No GPU was lent for this task; the CUDA code paths exist (`device=\"cuda\"`, "
-          "data streamed in chunks when it does not fit) and their tests skip without one.", ""]
+          ("- GPU: measured on " + _gpu_device(parts["gpu"]["machine"]) + ", section GPU." if "gpu" in parts else
+           "- **GPU: not yet measured.** No GPU was lent for this task; the CUDA code paths exist (`device=\"cuda\"`, "
+           "data streamed in chunks when it does not fit) and their tests skip without one."), ""]
     if quick:
         L += ["**Quick run (`--quick`): small instances, a check of the pipeline; not the benchmark.**", ""]
     L += HOW + targets(parts)
@@ -256,6 +303,8 @@ def write(parts, out, figure, quick=False):
                      f"{r['seconds']:.3g} | {r['status']} |")
         L += ["", "In the tests (small instances), float32 certifies 1e-4 reliably; use float64 for 1e-6 and below "
               "unless the table above shows float32 reaching it on similar data.", ""]
+    if "gpu" in parts:
+        L += gpu_section(parts["gpu"])
     write_doc(out, L)
     plot(squared + smooth, figure)
 

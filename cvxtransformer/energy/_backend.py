@@ -23,6 +23,14 @@ def xp(a):
     return np
 
 
+def eye_like(a):
+    """The identity of ``a``'s order (square ``a``), in its library, dtype and device."""
+    if is_torch(a):
+        import torch
+        return torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
+    return np.eye(a.shape[0], dtype=a.dtype)
+
+
 def mT(a):
     """Swap the last two axes (the transpose of a matrix or of a batch of them)."""
     return a.transpose(-1, -2) if is_torch(a) else np.swapaxes(a, -1, -2)

@@ -111,7 +111,7 @@ def ffn_map(Wf, alpha2, d=None):
     """``Wf^s = (1 - alpha2) I - alpha2 (Wf + Wf^T) / 2`` of (16), shape (d, d) (``Wf=None``: 0)."""
     if Wf is None:
         return (1 - alpha2) * np.eye(d)
-    return (1 - alpha2) * B.xp(Wf).eye(Wf.shape[0], dtype=Wf.dtype) - alpha2 * _sym(Wf)
+    return (1 - alpha2) * B.eye_like(Wf) - alpha2 * _sym(Wf)
 
 
 def ffn_step(U, Wf=None, alpha2=0.5):
