@@ -256,7 +256,9 @@ class _Run:
                 if method_used == "newton" and reason != "converged":
                     x, ix, reason = prox_newton(sm, x, self.problem.regularizer, inner_tol, budget, o["check_every"],
                                                 on_check, floor, self._hessian_op(key))
-                if method_used != "newton" or reason == "stalled":  # no Newton step: first order finishes
+                # no Newton step: first order finishes; but not where float32's rounding stopped the Newton steps
+                # ("floor"): first order only stalls there too, and the driver declares the stall 3 checks later
+                if method_used != "newton" or reason == "stalled" or reason == "floor" and self.dtype == F64:
                     x, ix, reason = self.first_order(sm, x, inner_tol, budget, o, on_check, slack, polish, floor)
             self.last_iters = budget.iterations - it0
             block = sm.to_canonical(x).to(F64)

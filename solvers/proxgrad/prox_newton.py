@@ -85,6 +85,7 @@ LAZY_RATIO = 0.1  # while each of them divides the gap by 1 / LAZY_RATIO at leas
 LOW_MODEL_GAP = 1e-3  # a model solved to this relative gap or a looser one, of LOW_MODEL_FEATURES or more,
 LOW_MODEL_FEATURES = 1024  # is built and solved in the Hessian's precision (products with H are memory-bound:
 #                            float32 halves them; a smaller H stays in cache and costs the same in float64)
+STALL_STEPS = 3  # steps in a row that leave a gap below the floor (``floor``) where it was: "floor"
 START_FEATURES = 3072  # largest model started by Newton on its support (a Cholesky of 3,072 features
 #                        costs about 100 products with H on one CPU thread; FISTA spends 200-400 on a model)
 START_ITERATIONS = 6  # Newton iterations of that start at most (1 to 4 seen; each one a Cholesky)
@@ -200,12 +201,16 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
     Parameters as :func:`.fista.fista` (``sm``: a :class:`.smooth.DataSmooth` whose op offers
     ``weighted_gram``); ``hessian_op``: the same operator in the precision of the Hessian (default
     ``sm.op``). ``budget.iterations`` counts Newton steps; the model's own iterations run under a
-    budget of their own with the same deadline.
+    budget of their own with the same deadline. ``floor``: relative gap below which ``STALL_STEPS`` steps
+    in a row that do not lower it (by 1%), or a model that gives no descent step, end the subproblem as
+    ``"floor"`` (the working precision's rounding: a float32 solve at small beta, where the line search
+    accepts steps within rounding).
 
     Returns
     -------
     x, its image ``A x``, reason: ``"converged"``, ``"stalled"`` (no model, or no step that
-    decreases P at this precision: the caller falls back to first order) or the budget that ran out.
+    decreases P at this precision: the caller falls back to first order), ``"floor"`` (see ``floor``)
+    or the budget that ran out.
     """
     hessian_op = sm.op if hessian_op is None else hessian_op
     rounding = 64.0 * torch.finfo(x.dtype).eps
@@ -213,6 +218,7 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
     kept, served, last_gap = None, 0, math.inf  # the last Hessian (active blocks, its prediction, H by dtype), its reuses
     lipschitz = None  # the Lipschitz constant of the kept Hessian's model
     stepped = False  # ix is then updated from the steps, and A x recomputed once on return
+    best, stale = math.inf, 0  # the best relative gap, and the steps since it last fell below the floor
 
     def fresh(x, ix):
         return sm.image(x) if stepped else ix
@@ -228,6 +234,10 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         scale = max(1.0, abs(primal))
         if (primal - dual) / scale <= tol:
             return x, fresh(x, ix), "converged"
+        stale = stale + 1 if floor > (primal - dual) / scale > 0.99 * best else 0  # below the precision's floor,
+        best = min(best, (primal - dual) / scale)  # steps that no longer lower the gap: rounding decides
+        if stale >= STALL_STEPS:
+            return x, fresh(x, ix), "floor"
         JK = active_blocks(x, g, reg.beta)
         key = None if JK is None else (tuple(JK[0].tolist()), tuple(JK[1].tolist()))
         lazy = (kept is not None and kept[0] == key and served < LAZY_STEPS
@@ -268,8 +278,8 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
             found = _line_search(sm, reg, x, ix, g, d, primal, rounding * scale)
             if found is not None:
                 break
-        else:
-            return x, fresh(x, ix), "stalled"
+        else:  # no descent step: at a gap below the floor, the precision's rounding
+            return x, fresh(x, ix), "floor" if (primal - dual) / scale < floor else "stalled"
         step, Ad = found
         x = torch.add(x, d, alpha=step)
         ix = torch.add(ix, Ad, alpha=step)  # A x without a pass over the data (rounding only; fresh on return)
