@@ -141,9 +141,9 @@ def gpu_section(gpu):
         L += ["", "float32 runs that ended `stalled` (their own certificate, from the scaled residual dual point of "
               "float32 iterates, stopped decreasing above 1e-6; the verifier's refined dual point certifies the point "
               "reached, as `ct.solve` does by default): "
-              + "; ".join(f"{label(i)}: {b['iterations']} iterations against {a['iterations']} in float64, "
-                          f"`{b['note'].split(':')[0]}`" for i, a, b in stalled)
-              + ". At small beta, float64 is the faster way to a certificate."]
+              + "; ".join(f"{label(i)}: `{b['note'].split(':')[0]}` after {b['iterations']} iterations (float64: "
+                          f"{a['iterations']}, certified by the solver itself)" for i, a, b in stalled)
+              + ". Where the solver's own certificate is wanted (no refinement), use float64 at small beta."]
     return L + [""]
 
 
