@@ -99,8 +99,8 @@ def targets(parts):
                  f"{worst['dtype']}) | {'yes' if r <= 1.5 else 'NO'} |")
     gpu = _gpu_speedups(parts)
     if gpu:
-        L.append(f"| GPU figures | measured ({gpu[0]}): float64 on the GPU {min(gpu[1]):.3g}x to {max(gpu[1]):.3g}x the "
-                 f"time on the machine's {gpu[2]} CPU threads (section GPU) | - |")
+        L.append(f"| GPU figures | measured ({gpu[0]}): float64 on the GPU {min(gpu[1]):.3g}x to "
+                 f"{max(gpu[1]):.3g}x faster than on the machine's {gpu[2]} CPU threads (section GPU) | - |")
     else:
         L.append("| GPU figures | not yet measured (no GPU lent) | - |")
     return L + [""]

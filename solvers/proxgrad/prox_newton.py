@@ -215,7 +215,7 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
     hessian_op = sm.op if hessian_op is None else hessian_op
     rounding = 64.0 * torch.finfo(x.dtype).eps
     ix = sm.image(x)
-    kept, served, last_gap = None, 0, math.inf  # the last Hessian (active blocks, its prediction, H by dtype), its reuses
+    kept, served, last_gap = None, 0, math.inf  # last Hessian (active blocks, prediction, H by dtype), its reuses
     lipschitz = None  # the Lipschitz constant of the kept Hessian's model
     stepped = False  # ix is then updated from the steps, and A x recomputed once on return
     best, stale = math.inf, 0  # the best relative gap, and the steps since it last fell below the floor
