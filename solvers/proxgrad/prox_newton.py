@@ -112,11 +112,11 @@ def newton_hessian(op, loss, Yhat, T):
 
 def newton_model(H, x, g, metric):
     """The Newton model at ``x`` (layout (|J|, c, |K|, d)) with the Hessian ``H`` restricted to these
-    coefficients, ``g`` the gradient on them and ``metric`` the loss's ``gradient_metric`` at x (at
-    the prediction where H was taken): a :class:`.smooth.GramSmooth` (layout (c, |J|, |K|, d)) in H's
-    dtype, whose value at x is ``1/2 ||t||^2 - <B, x> + 1/2 x^T H x = 1/2 metric``."""
+    coefficients, ``g`` the gradient on them (both in H's dtype) and ``metric`` the loss's
+    ``gradient_metric`` at x (at the prediction where H was taken): a :class:`.smooth.GramSmooth`
+    (layout (c, |J|, |K|, d)), whose value at x is ``1/2 ||t||^2 - <B, x> + 1/2 x^T H x = 1/2 metric``."""
     hJ, c, nK, d = x.shape
-    xm, gm = x.to(H.dtype).transpose(0, 1).reshape(c, -1), g.to(H.dtype).transpose(0, 1).reshape(c, -1)
+    xm, gm = x.transpose(0, 1).reshape(c, -1), g.transpose(0, 1).reshape(c, -1)
     Hx = (xm.reshape(-1, H.shape[0]) @ H).view(c, -1)
     return GramSmooth(H, Hx - gm, _dot(xm, Hx) - 2.0 * _dot(xm, gm) + metric, hJ, nK, d)
 
@@ -261,8 +261,9 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         for dtype in dict.fromkeys((low, x.dtype)):  # a model in low precision that gives no step: again in x's
             if dtype not in Hs:
                 Hs[dtype] = next(iter(Hs.values())).to(dtype)
-            model = newton_model(Hs[dtype], xa, ga, metric)
-            xm, solved = _newton_start(model, model.from_canonical(xa.to(dtype)), model.from_canonical(ga.to(dtype)),
+            xd, gd = xa.to(dtype), ga.to(dtype)
+            model = newton_model(Hs[dtype], xd, gd, metric)
+            xm, solved = _newton_start(model, model.from_canonical(xd), model.from_canonical(gd),
                                        reg, target, q_scale, budget.local_deadline(),
                                        dtype if dtype != x.dtype else torch.float64)
             if not solved:
