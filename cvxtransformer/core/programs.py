@@ -221,8 +221,12 @@ class AttentionOperator(_SampleOperator):
         step = Fg if Fg <= 256 else -(-Fg // 4 // self.d) * self.d  # four block rows, token-aligned
         for s, e, D in self._design_chunks():
             if weights is not None:  # in a reused buffer: no fresh allocation per chunk
-                out = self._buffer("weighted", (e - s, m, Fg), self.device)
-                Dw = torch.mul(weights[s:e, :, None], D[:, None, :], out=out).view(e - s, m * Fg)
+                w = weights[s:e]
+                live = torch.nonzero((w != 0).any(dim=1)).flatten()  # samples of zero weight add nothing
+                if len(live) < 0.9 * (e - s):
+                    D, w = D.index_select(0, live), w.index_select(0, live)
+                out = self._buffer("weighted", (len(w), m, Fg), self.device)
+                Dw = torch.mul(w[:, :, None], D[:, None, :], out=out).view(len(w), m * Fg)
             else:
                 Dw = D
             if m == 1:
@@ -260,7 +264,7 @@ class AttentionOperator(_SampleOperator):
         ``D_i`` is the gated design row of sample i (features ordered as in :meth:`gram`). These are
         the blocks of the Hessian ``A^T W A`` of a loss whose per-sample Hessians ``W_i`` have these
         entries (the Newton model of :mod:`solvers.proxgrad.prox_newton`). Chunked like :meth:`gram`
-        and summed over the shards. Gated (program (12)): block ``(j, j')`` sums over the samples
+        and summed over the shards; samples whose weights are all zero are skipped. Gated (program (12)): block ``(j, j')`` sums over the samples
         where both gates are on only, gathered pair by pair, so the cost is
         ``sum_{j <= j'} |{i: M_ij M_ij' != 0}| (|K| d)^2 m`` instead of ``N (|J| |K| d)^2 m``
         (about ``|J| / 2 + 2`` times less with half the gates on)."""
@@ -287,8 +291,9 @@ class AttentionOperator(_SampleOperator):
         H = torch.zeros(m, hJ, F, hJ, F, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
             Xc, Mc = self.rows(s, e), self.mask[s:e]
+            on_any = Mc != 0 if weights is None else (Mc != 0) & (weights[s:e] != 0).any(dim=1, keepdim=True)
             for j in range(hJ):
-                on = torch.nonzero(Mc[:, j]).flatten()  # every pair (j, j') lies within gate j's samples
+                on = torch.nonzero(on_any[:, j]).flatten()  # every pair (j, j') lies within gate j's samples
                 Xj, Mj, Wj = Xc.index_select(0, on), Mc.index_select(0, on), Mc[on, j, None]
                 Wj = Wj if weights is None else weights[s:e].index_select(0, on) * Wj
                 for k in range(j, hJ):
@@ -305,6 +310,13 @@ class AttentionOperator(_SampleOperator):
             for k in range(j + 1, hJ):
                 H[:, k, :, j] = H[:, j, :, k].transpose(1, 2)
         return H.view(m, hJ * F, hJ * F)
+
+    def sample_norms(self):
+        """``||D_i||^2``, the squared norm of every sample's gated design row (N,): ``||x_iK||^2 sum_j M_ij^2``."""
+        out = torch.empty(self.N, dtype=self.dtype, device=self.device)
+        for s, e in self.bounds:
+            out[s:e] = self.rows(s, e).square().sum(dim=1)
+        return out if self.mask is None else out * self.mask.square().sum(dim=1)
 
     def block_norms(self):
         """``||A_g||`` for every block (gate j, token k), shape ``(|J|, |K|)``, float64:

@@ -49,6 +49,16 @@ becomes fast-linear instead of quadratic, at a fraction of the cost per step (me
 logistic program (12), N = 10,000, up to 2,048 active features, a certified 1e-6 at 0.01 beta_max:
 7 Hessians for 8 steps instead of 8 for 8; at 0.001 beta_max, 8 (5 of 2,048 features) for 10).
 
+Light samples left out: the samples of least curvature (``tr W_i ||a_i||^2``, well-classified ones:
+``W_i`` falls like ``e^-margin``), as many as together carry at most ``HESSIAN_MASS`` (1e-4) of the
+trace of H, are left out of its sums (``op.weighted_gram`` skips samples of zero weight). The model's
+curvature is then H less a positive semidefinite part of trace 1e-4 tr H at most: the steps are the
+same to about that, and the line search keeps them descent steps; the gradient, the gaps and the
+certificate see every sample. Near the optimum of a nearly separable program most samples are light:
+measured on the logistic program (12), N = 10,000, 2,048 active features, 0.001 beta_max, 20% of the
+samples left out of the first Hessian and 56% of the last: 1.90 s -> 1.67 s, the same 10 steps (a
+share of 1e-3 left out 70% and took an extra step; 1e-2, 7 extra steps); the other instances level.
+
 Loose models in the Hessian's precision: a model of ``LOW_MODEL_FEATURES`` (1,024) features or more
 solved to a relative gap of ``LOW_MODEL_GAP`` (1e-3) or looser (the first steps, where the working
 set's gap is above about 1e-2) is built, solved and started by Newton in float32, the precision H
@@ -86,6 +96,7 @@ LOW_MODEL_GAP = 1e-3  # a model solved to this relative gap or a looser one, of 
 LOW_MODEL_FEATURES = 1024  # is built and solved in the Hessian's precision (products with H are memory-bound:
 #                            float32 halves them; a smaller H stays in cache and costs the same in float64)
 STALL_STEPS = 3  # steps in a row that leave a gap below the floor (``floor``) where it was: "floor"
+HESSIAN_MASS = 1e-4  # share of the Hessian's trace that its lightest samples may carry and be left out
 START_FEATURES = 3072  # largest model started by Newton on its support (a Cholesky of 3,072 features
 #                        costs about 100 products with H on one CPU thread; FISTA spends 200-400 on a model)
 START_ITERATIONS = 6  # Newton iterations of that start at most (1 to 4 seen; each one a Cholesky)
@@ -95,7 +106,7 @@ def newton_hessian(op, loss, Yhat, T):
     """``H = A^T W A`` of the operator ``op`` at ``Yhat = A x`` (in ``op``'s dtype): (F, F) for one
     output, (cF, cF) for c outputs (features ordered (output, gate, token, coordinate), the layout
     of :class:`.smooth.GramSmooth`). One weighted Gram matrix per pair of outputs ``l <= m``."""
-    W = loss.hessian(Yhat.to(op.dtype), T.to(op.dtype))  # (N, c, c)
+    W = light_samples_dropped(loss.hessian(Yhat.to(op.dtype), T.to(op.dtype)), op.sample_norms())  # (N, c, c)
     c = W.shape[1]
     if c == 1:
         return op.weighted_gram(W[:, :, 0])[0]
@@ -108,6 +119,16 @@ def newton_hessian(op, loss, Yhat, T):
         if l != m:
             H[m, :, l] = G[k].T
     return H.view(c * F, c * F)
+
+
+def light_samples_dropped(W, norms):
+    """The per-sample Hessians ``W`` (N, c, c) with the samples of least curvature set to zero: as many
+    as together carry at most ``HESSIAN_MASS`` of ``tr H = sum_i tr(W_i) ||a_i||^2`` (``norms``: the
+    ``||a_i||^2``). The weighted Gram matrices skip them (on a shard: of its own samples' trace)."""
+    mass = torch.diagonal(W, dim1=1, dim2=2).sum(dim=1).to(torch.float64) * norms.to(torch.float64)
+    order = torch.argsort(mass)
+    light = order[torch.cumsum(mass[order], 0) <= HESSIAN_MASS * mass.sum()]
+    return W.index_fill(0, light, 0.0) if len(light) else W
 
 
 def newton_model(H, x, g, metric):
