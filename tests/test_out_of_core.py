@@ -110,7 +110,14 @@ def test_memory_mapped_programs_are_streamed_and_exact(tmp_path, dtype, chunk):
     J, K = torch.tensor([0, 2]), torch.tensor([1, 3, 4])
     T = torch.from_numpy(rng.standard_normal((37, 2)))
     V = torch.from_numpy(rng.standard_normal((37, 2)))
-    for a, b in [(op, opm), (op.restrict(J, K), opm.restrict(J, K))]:
+    # a restriction of a restriction takes indices local to it: gates J[1], tokens K[[0, 2]]
+    nested = [(op.restrict(J, K).restrict([1], [0, 2]), opm.restrict(J, K).restrict([1], [0, 2])),
+              (op.restrict([2], [1, 4]), opm.restrict([2], [1, 4]))]
+    for a, b in nested:
+        torch.testing.assert_close(b.rows(0, 37), a.rows(0, 37), rtol=0, atol=0)
+    torch.testing.assert_close(nested[0][1].rows(0, 37), nested[1][0].rows(0, 37), rtol=0, atol=0)
+    torch.testing.assert_close(nested[0][1].mask, nested[1][0].mask, rtol=0, atol=0)
+    for a, b in [(op, opm), (op.restrict(J, K), opm.restrict(J, K)), nested[0]]:
         Z = torch.from_numpy(rng.standard_normal(a.shape))
         torch.testing.assert_close(b.forward(Z), a.forward(Z), rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(b.adjoint(V), a.adjoint(V), rtol=1e-12, atol=1e-12)

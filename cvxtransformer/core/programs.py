@@ -119,9 +119,11 @@ class AttentionOperator(_SampleOperator):
         return buf[:shape[0]]
 
     def restrict(self, J, K, dtype=None, chunk=None):
-        """The operator of gates J and tokens K (index tensors or ranges) of this one; nothing is copied."""
+        """The operator of gates J and tokens K (index tensors or ranges, local to this one: the tokens
+        ``self.K[K]`` of the data where this op has its own); nothing is copied."""
         n = self.X.shape[1]
-        Kt = None if len(K) == n and self.K is None else torch.as_tensor(K, device=self.X.device)
+        Kt = torch.as_tensor(K, device=self.X.device)
+        Kt = None if len(Kt) == n and self.K is None else Kt if self.K is None else self.K.index_select(0, Kt)
         M = self.mask
         if M is not None and len(J) != M.shape[1]:
             M = M.index_select(1, torch.as_tensor(J, device=M.device))
