@@ -80,7 +80,7 @@ def test_weighted_gram_is_the_gram_of_the_weighted_design(program, chunk):
     w = np.random.default_rng(1).standard_normal((p.N, 3))
     w[::3] = 0.0  # samples of zero weight are skipped (a third of every chunk)
     np.testing.assert_allclose(op.sample_norms().numpy(), np.sum(D * D, axis=1), rtol=1e-13)
-    for weights in (w, w[:, :1]):
+    for weights in (w, w[:, :1], np.abs(w[:, :1])):  # gated, weights >= 0: blocks Y^T Y, Y = sqrt(w) X
         H = op.weighted_gram(torch.from_numpy(np.ascontiguousarray(weights))).numpy()
         assert H.shape == (weights.shape[1], len(cols), len(cols))
         for m in range(weights.shape[1]):
