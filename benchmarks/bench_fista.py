@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +276,22 @@ def bench_gpu(quick):
 
 # --- the parts, stored, and the page --------------------------------------------------------
 
+SPAN_REPEATS = 5  # runs of each of the two solves of a beta span, in alternation
+
+
+def beta_span(inst, repeats=SPAN_REPEATS):
+    """Seconds to a certified 1e-6 of ``inst`` at 0.1 and at 0.001 beta_max, the two solves timed in
+    alternation, best of ``repeats`` each: their ratio under the same load (rows timed minutes apart
+    on a shared machine differ by 20-50%, and a row over 2 s is timed once)."""
+    problems = [make(replace(inst, frac=frac)) for frac in (0.1, 0.001)]
+    best = [np.inf, np.inf]
+    for _ in range(repeats):
+        for i, problem in enumerate(problems):
+            seconds = peers.run_fista(problem, repeats=1).seconds
+            best[i] = min(best[i], np.inf if seconds is None else seconds)
+    return best
+
+
 def run_part(part, quick, caps):
     """Every measurement of one part, as plain data (JSON)."""
     if part == "gpu":
@@ -286,6 +302,13 @@ def run_part(part, quick, caps):
         out["rows"].append({"instance": asdict(inst), "runs": {k: asdict(r) for k, r in runs.items()}})
         cells = (f"{k} {fmt_time(r)} ({ratio(r, runs['fista'])}x)" for k, r in runs.items())
         print(inst.label, "|", " | ".join(cells), flush=True)
+    if part in ("logistic", "logistic_large", "cross_entropy"):
+        out["spans"] = []
+        for inst in instances(part, quick):
+            if inst.frac == 0.001:
+                high, low = beta_span(inst)
+                out["spans"].append({"instance": asdict(inst), "high": high, "low": low})
+                print(f"span {inst.label}: {low:.3g} s / {high:.3g} s = {low / high:.2f}x", flush=True)
     if part == "extras":
         path_inst = Instance(8, "squared", 2000 if quick else 10_000, 16, 32, 0.8)
         points, total, results = bench_path(path_inst, 6 if quick else 10)

@@ -266,8 +266,9 @@ class AttentionOperator(_SampleOperator):
         ``D_i`` is the gated design row of sample i (features ordered as in :meth:`gram`). These are
         the blocks of the Hessian ``A^T W A`` of a loss whose per-sample Hessians ``W_i`` have these
         entries (the Newton model of :mod:`solvers.proxgrad.prox_newton`). Chunked like :meth:`gram`
-        and summed over the shards; samples whose weights are all zero are skipped. Gated (program (12)): block ``(j, j')`` sums over the samples
-        where both gates are on only, gathered pair by pair, so the cost is
+        and summed over the shards; samples whose weights are all zero are skipped. Gated (program
+        (12)): block ``(j, j')`` sums over the samples where both gates are on only, gathered pair by
+        pair, so the cost is
         ``sum_{j <= j'} |{i: M_ij M_ij' != 0}| (|K| d)^2 m`` instead of ``N (|J| |K| d)^2 m``
         (about ``|J| / 2 + 2`` times less with half the gates on)."""
         if self.mask is None or self.hJ == 1:

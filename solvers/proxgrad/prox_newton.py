@@ -51,7 +51,8 @@ logistic program (12), N = 10,000, up to 2,048 active features, a certified 1e-6
 
 Light samples left out: the samples of least curvature (``tr W_i ||a_i||^2``, well-classified ones:
 ``W_i`` falls like ``e^-margin``), as many as together carry at most ``HESSIAN_MASS`` (1e-4) of the
-trace of H, are left out of its sums (``op.weighted_gram`` skips samples of zero weight). The model's
+trace of H, are left out of its sums (``op.weighted_gram`` skips samples of zero weight; not on
+streamed data, where the samples' norms would cost one more pass over it). The model's
 curvature is then H less a positive semidefinite part of trace 1e-4 tr H at most: the steps are the
 same to about that, and the line search keeps them descent steps; the gradient, the gaps and the
 certificate see every sample. Near the optimum of a nearly separable program most samples are light:
@@ -106,7 +107,9 @@ def newton_hessian(op, loss, Yhat, T):
     """``H = A^T W A`` of the operator ``op`` at ``Yhat = A x`` (in ``op``'s dtype): (F, F) for one
     output, (cF, cF) for c outputs (features ordered (output, gate, token, coordinate), the layout
     of :class:`.smooth.GramSmooth`). One weighted Gram matrix per pair of outputs ``l <= m``."""
-    W = light_samples_dropped(loss.hessian(Yhat.to(op.dtype), T.to(op.dtype)), op.sample_norms())  # (N, c, c)
+    W = loss.hessian(Yhat.to(op.dtype), T.to(op.dtype))  # (N, c, c)
+    if not op.streams:  # the samples' norms of streamed data would cost a pass over it
+        W = light_samples_dropped(W, op.sample_norms())
     c = W.shape[1]
     if c == 1:
         return op.weighted_gram(W[:, :, 0])[0]
