@@ -307,7 +307,7 @@ def run_part(part, quick, caps):
         for inst in instances(part, quick):
             if inst.frac == 0.001:
                 high, low = beta_span(inst)
-                out["spans"].append({"instance": asdict(inst), "high": high, "low": low})
+                out["spans"].append({"instance": asdict(inst), "high": high, "low": low, "repeats": SPAN_REPEATS})
                 print(f"span {inst.label}: {low:.3g} s / {high:.3g} s = {low / high:.2f}x", flush=True)
     if part == "extras":
         path_inst = Instance(8, "squared", 2000 if quick else 10_000, 16, 32, 0.8)

@@ -89,9 +89,11 @@ def targets(parts):
         worst = max(spans, key=lambda s: s[1])
         bad = [s for s in spans if not s[1] <= 5]
         how = f" ({worst[2]})" if worst[2] else ""
+        paired = min((s[3] for s in spans), default=0)
+        paired = f"; the two solves timed in alternation, best of {paired} each" if paired else ""
         L.append(f"| time to a certified 1e-6 at 0.001 beta_max within 5x of the time at 0.1 beta_max, every "
-                 f"logistic and cross-entropy instance ({len(spans)}"
-                 f"{'; the two solves timed in alternation, best of 5 each' if all(s[2] for s in spans) else ''}) | worst {worst[1]:.2f}x ({worst[0]}{how}) | "
+                 f"logistic and cross-entropy instance ({len(spans)}{paired}) | worst {worst[1]:.2f}x "
+                 f"({worst[0]}{how}) | "
                  f"{'yes' if not bad else 'NO: ' + '; '.join(f'{s[0]}: {s[1]:.2f}x' for s in bad)} |")
     iters = parts.get("extras", {}).get("iterations", [])
     if iters:
@@ -154,15 +156,16 @@ def _x(v):
 
 
 def _beta_spans(parts, names):
-    """(instance, time at 0.001 / time at 0.1 beta_max, the two times) for every instance of these parts
-    timed at both in alternation (``spans`` of a part; a part stored without them: from its rows)."""
+    """(instance, time at 0.001 / time at 0.1 beta_max, the two times, runs of each) for every instance of
+    these parts timed at both in alternation (``spans`` of a part; a part stored without them: from its
+    rows, runs 0)."""
     out = []
     for name in names:
         part = parts.get(name, {})
         if "spans" in part:
             for s in part["spans"]:
                 key = label(dict(s["instance"], frac=1.0)).rsplit(", beta", 1)[0]
-                out.append((key, s["low"] / s["high"], f"{s['low']:.3g} s / {s['high']:.3g} s"))
+                out.append((key, s["low"] / s["high"], f"{s['low']:.3g} s / {s['high']:.3g} s", s["repeats"]))
             continue
         times = {}
         for inst, runs in _rows(parts, [name]):
@@ -170,7 +173,7 @@ def _beta_spans(parts, names):
             times.setdefault(key, {})[inst["frac"]] = runs["fista"].seconds
         for key, t in times.items():
             if 0.1 in t and 0.001 in t:
-                out.append((key, np.inf if t[0.1] is None or t[0.001] is None else t[0.001] / t[0.1], ""))
+                out.append((key, np.inf if t[0.1] is None or t[0.001] is None else t[0.001] / t[0.1], "", 0))
     return out
 
 
@@ -227,8 +230,8 @@ HOW = [
     "cross-entropy; pairs of gates as for the Gram matrix; the lightest samples, together at most 1e-4 of its "
     "trace, left out: near the optimum of a nearly separable program, half of them), the Newton model is "
     "solved as a squared loss to a tenth of the working set's gap (where no violator was let in, as at small "
-    "beta and in the last steps, by Newton on the support, one float32 Cholesky factorisation per step or a few, refined once; where that "
-    "support is not the model's, FISTA on its Gram form plus the support polish; a model of 1,024 features or more "
+    "beta and in the last steps, by Newton on the support, one float32 Cholesky factorisation per step or a "
+    "few, refined once; where that support is not the model's, FISTA on its Gram form plus the support polish; a model of 1,024 features or more "
     "is built and solved in float32 while its target is 1e-3 or looser, in float64 after), and an Armijo line search "
     "on the true objective takes the "
     "step; a Hessian serves up to 8 more steps while the active blocks stay the same and each step divides the "
