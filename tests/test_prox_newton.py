@@ -68,8 +68,9 @@ def test_hessian_and_gradient_metric_of_every_loss(name, kind):
 
 @pytest.mark.parametrize("program", [8, 10, 12])
 @pytest.mark.parametrize("chunk", [None, 7])
-def test_weighted_gram_is_the_gram_of_the_weighted_design(program, chunk):
-    problem = random_problem(program, "squared", "scalar" if program == 8 else "vector", seed=3, N=33, n=5, d=3)
+@pytest.mark.parametrize("d", [3, 24])  # 24: 72 features, summed by block rows of the upper triangle
+def test_weighted_gram_is_the_gram_of_the_weighted_design(program, chunk, d):
+    problem = random_problem(program, "squared", "scalar" if program == 8 else "vector", seed=3, N=33, n=5, d=d)
     p = problem.program
     J, K = torch.arange(0, p.h, 2), torch.tensor([0, 2, 3])  # gated: every other gate
     assert p.h == 1 or 1 < len(J) < p.h

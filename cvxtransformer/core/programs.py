@@ -220,7 +220,9 @@ class AttentionOperator(_SampleOperator):
         Fg = self.hJ * self.F
         m = 1 if weights is None else weights.shape[1]
         H = torch.zeros(Fg, m * Fg, dtype=self.dtype, device=self.device)
-        step = Fg if Fg <= 256 else -(-Fg // 4 // self.d) * self.d  # four block rows, token-aligned
+        # four block rows, token-aligned: 10/16 of the products at nearly the same speed (F = 128, 256 on
+        # 15,000 samples, one CPU thread: 6.0 -> 5.4 ms, 21 -> 17 ms)
+        step = Fg if Fg <= 64 else -(-Fg // 4 // self.d) * self.d
         for s, e, D in self._design_chunks():
             if weights is not None:  # in a reused buffer: no fresh allocation per chunk
                 w = weights[s:e]
@@ -338,7 +340,7 @@ class AttentionOperator(_SampleOperator):
         """``||D_i||^2``, the squared norm of every sample's gated design row (N,): ``||x_iK||^2 sum_j M_ij^2``."""
         out = torch.empty(self.N, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
-            out[s:e] = self.rows(s, e).square().sum(dim=1)
+            out[s:e] = torch.linalg.vector_norm(self.rows(s, e), dim=1).square_()
         return out if self.mask is None else out * self.mask.square().sum(dim=1)
 
     def block_norms(self):
