@@ -351,6 +351,28 @@ def test_newton_on_support_stops_once_its_decrement_is_below_stop():
     assert torch.equal(newton_on_support(H, b, z0, beta, deadline=0.0), z0)  # past its deadline: no iteration
 
 
+def test_newton_on_support_ends_where_its_decrement_is_at_phis_rounding(monkeypatch):
+    """A support of more features (51 to 57) than samples (50), on a path of program (12): near the
+    optimum the Newton decrement (1e-14 of phi) is below what phi's rounding shows, so no step
+    decreases phi. That is convergence, not a failed support: each support's Newton solve returns its
+    point (it returned None here, and the point at the third beta took 360 first-order iterations to a
+    gap of 9.9e-7 instead of a polish at iteration 120 to 7e-8)."""
+    from solvers.proxgrad import newton
+    outcomes, real = [], newton.newton_on_support
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        outcomes.append((args[0].shape[0], out is not None))
+        return out
+
+    monkeypatch.setattr(newton, "newton_on_support", spy)
+    problem = random_problem(12, "squared", "vector", seed=5, N=50, n=5, d=3, gates=4, frac=0.2)
+    path = ct.solve_path(problem, n_betas=4)
+    assert any(features > problem.program.N for features, _ in outcomes)
+    assert all(ok for _, ok in outcomes), outcomes
+    assert path[2].result.iterations <= 150 and path[2].relative_gap <= 1e-7
+
+
 def test_newton_on_support_with_float32_factors_reaches_the_float64_point():
     """A float32 factorisation refined once in float64: the same stationary point (to rounding, not
     to float32's precision), and the same early stops; where the Hessian is singular in float32

@@ -19,6 +19,7 @@ from .smooth import principal
 
 POLISH_GAP = 1e-2  # relative gap below which a stable support is polished
 MAX_FEATURES = 1536  # largest support (features) polished: one Cholesky costs F_S^3 / 3
+ROUNDED_DECREMENT = 1e-10  # relative Newton decrement below which phi's rounding may hide any decrease
 
 
 def _factor(H, blocks, dtype):
@@ -83,8 +84,8 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, fac
                 if new <= value + 1e-4 * t * decrease:
                     break
             t *= 0.5
-        else:
-            return None
+        else:  # no decrease: a decrement at phi's rounding is convergence, a larger one a failed support
+            return z if -decrease <= ROUNDED_DECREMENT * max(1.0, abs(value)) else None
         z, value = trial, new
         if -decrease <= stop:
             return z
