@@ -105,6 +105,7 @@ class AttentionOperator(_SampleOperator):
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
         self._buffers = {}
+        self._binary = None  # whether every gate is 0 or 1 (as gate_mask makes them), once asked
 
     @property
     def streams(self):
@@ -123,7 +124,10 @@ class AttentionOperator(_SampleOperator):
         ``self.K[K]`` of the data where this op has its own); nothing is copied."""
         n = self.X.shape[1]
         Kt = torch.as_tensor(K, device=self.X.device)
-        Kt = None if len(Kt) == n and self.K is None else Kt if self.K is None else self.K.index_select(0, Kt)
+        if self.K is not None:
+            Kt = self.K.index_select(0, Kt)
+        elif len(Kt) == n:
+            Kt = None
         M = self.mask
         if M is not None and len(J) != M.shape[1]:
             M = M.index_select(1, torch.as_tensor(J, device=M.device))
@@ -297,31 +301,30 @@ class AttentionOperator(_SampleOperator):
         logistic program (12), N = 10,000, 16 gates, 0.1 beta_max: 0.36 s -> 0.31 s a solve)."""
         F, hJ, m = self.F, self.hJ, 1 if weights is None else weights.shape[1]
         H = torch.zeros(m, hJ, F, hJ, F, dtype=self.dtype, device=self.device)
-        root = self._binary_mask() and (weights is None or (m == 1 and bool((weights >= 0).all())))
+        if self._binary is None:
+            self._binary = bool(((self.mask == 0) | (self.mask == 1)).all())
+        root = self._binary and (weights is None or (m == 1 and bool((weights >= 0).all())))
         for s, e in self.bounds:
             Xc, Mc = self.rows(s, e), self.mask[s:e]
             on_any = Mc != 0 if weights is None else (Mc != 0) & (weights[s:e] != 0).any(dim=1, keepdim=True)
-            if root:  # gates 0/1 and weights >= 0: block (j, j') is Y_S^T Y_S, Y = sqrt(w) X on the samples S
-                Yc = Xc if weights is None else Xc * torch.sqrt(weights[s:e])
-                for j in range(hJ):
-                    on = torch.nonzero(on_any[:, j]).flatten()
-                    Yj, Mj = Yc.index_select(0, on), on_any.index_select(0, on)
-                    for k in range(j, hJ):
-                        Ys = Yj if k == j else Yj.index_select(0, torch.nonzero(Mj[:, k]).flatten())
-                        if len(Ys):
-                            H[0, j, :, k].addmm_(Ys.T, Ys)
-                continue
+            if root and weights is not None:  # block (j, j') is Y_S^T Y_S, Y = sqrt(w) X on the samples S
+                Xc = Xc * torch.sqrt(weights[s:e])
             for j in range(hJ):
                 on = torch.nonzero(on_any[:, j]).flatten()  # every pair (j, j') lies within gate j's samples
-                Xj, Mj, Wj = Xc.index_select(0, on), Mc.index_select(0, on), Mc[on, j, None]
-                Wj = Wj if weights is None else weights[s:e].index_select(0, on) * Wj
+                Xj, Mj = Xc.index_select(0, on), Mc.index_select(0, on)
+                if not root:
+                    Wj = Mj[:, j, None] if weights is None else weights[s:e].index_select(0, on) * Mj[:, j, None]
                 for k in range(j, hJ):
                     both = torch.nonzero(Mj[:, k]).flatten() if k > j else None
                     Xs = Xj if both is None else Xj.index_select(0, both)
+                    if not len(Xs):
+                        continue
+                    if root:
+                        H[0, j, :, k].addmm_(Xs.T, Xs)
+                        continue
                     Ws = Wj if both is None else Wj.index_select(0, both) * Mj[both, k, None]
-                    if len(Xs):
-                        Dw = (Ws[:, :, None] * Xs[:, None, :]).view(len(Xs), m * F)
-                        H[:, j, :, k].add_((Xs.T @ Dw).view(F, m, F).transpose(0, 1))
+                    Dw = (Ws[:, :, None] * Xs[:, None, :]).view(len(Xs), m * F)
+                    H[:, j, :, k].add_((Xs.T @ Dw).view(F, m, F).transpose(0, 1))
         if self.shards is not None:
             self.shards.sum_(H)
         for j in range(hJ):
@@ -329,12 +332,6 @@ class AttentionOperator(_SampleOperator):
             for k in range(j + 1, hJ):
                 H[:, k, :, j] = H[:, j, :, k].transpose(1, 2)
         return H.view(m, hJ * F, hJ * F)
-
-    def _binary_mask(self):
-        """Whether every gate value is 0 or 1 (as gate_mask makes them), computed once."""
-        if getattr(self, "_binary", None) is None:
-            self._binary = bool(((self.mask == 0) | (self.mask == 1)).all())
-        return self._binary
 
     def sample_norms(self):
         """``||D_i||^2``, the squared norm of every sample's gated design row (N,): ``||x_iK||^2 sum_j M_ij^2``."""
