@@ -106,8 +106,8 @@ class NetworkCertificate:
 
     Attributes
     ----------
-    network : the network's equation: ``"(9)"``, ``"(11)"`` or ``"(5)"``
-    program : the convex program that bounds the family (8, 10, 12 or "mhsa")
+    network : the network's equation: ``"(9)"``, ``"(11)"``, ``"(5)"`` or ``"(gated MHSA)"``
+    program : the convex program that bounds the family (8, 10, 12, "mhsa" or "gated_mhsa")
     objective : the network's own objective ``sum_i L(yhat_i, y_i) + penalty``, evaluated on the network
     lower_bound : D(V), a certified lower bound on the objective of every network of the family on this
         data and beta, whatever its number of heads (D(V) <= P(Z*) <= that objective)
@@ -142,9 +142,9 @@ SOFTMAX = ("network: softmax attention (3) is not covered: its attention depends
 
 def _weights(network):
     """``(weights, module or None)`` from heads, a dict of arrays or one of the package's nn modules."""
-    from .core.reductions import AttentionHeads, MHSAHeads
+    from .core.reductions import AttentionHeads, GatedMHSAHeads, MHSAHeads
 
-    if isinstance(network, (AttentionHeads, MHSAHeads)):
+    if isinstance(network, (AttentionHeads, MHSAHeads, GatedMHSAHeads)):
         return network, None
     if isinstance(network, dict):
         keys = set(network)
@@ -154,14 +154,17 @@ def _weights(network):
             return AttentionHeads(**network), None
         if keys in ({"W1", "W2"}, {"W1", "W2", "form"}):
             return MHSAHeads(**network), None
-        raise invalid("network", "a dict with W1, W2, W3 (and gate) for (9)/(11), or W1, W2 for (5)",
-                      f"keys {sorted(keys)}")
+        if keys in ({"W1", "W2", "gate"}, {"W1", "W2", "gate", "form"}):
+            return GatedMHSAHeads(**network), None
+        raise invalid("network", "a dict with W1, W2, W3 (and gate) for (9)/(11), W1, W2 for (5), or W1, W2, gate "
+                      "for gated MHSA", f"keys {sorted(keys)}")
     if getattr(network, "name", None) == "softmax":
         raise InvalidInputError(SOFTMAX)
     if hasattr(network, "to_weights") and hasattr(network, "objective"):
         return network.to_weights(), network
-    raise invalid("network", "AttentionHeads, MHSAHeads, a dict of their arrays, or a network of "
-                  "cvxtransformer.nn.networks (alternative (9), gated (11), linear MHSA (5))", type(network).__name__,
+    raise invalid("network", "AttentionHeads, MHSAHeads, GatedMHSAHeads, a dict of their arrays, or a network of "
+                  "cvxtransformer.nn.networks (alternative (9), gated (11), linear MHSA (5), gated MHSA)",
+                  type(network).__name__,
                   "map your own module's parameters to the heads (see certify_network)")
 
 
@@ -185,6 +188,22 @@ def _module_objective(module, problem, Z):
     return objective
 
 
+BOUND_ROUNDING = 1e-9  # relative excess of D(V) over the objective taken as rounding (both are sums over N)
+
+
+def _checked_bound(dual, objective):
+    """The certified lower bound ``D(V)``, which can never exceed the objective of a network of the family
+    (``D(V) <= P(Z*) <= P(Z) <= objective``): an excess beyond rounding is an error, never a negative gap;
+    within rounding the bound is the objective (a gap of 0)."""
+    excess = dual - objective
+    if excess > BOUND_ROUNDING * max(1.0, abs(objective)):
+        raise InvalidInputError(
+            f"network: its objective {objective:.10g} is below the certified lower bound D(V) = {dual:.10g} of "
+            "every network of the family, which is impossible for a network in it: its penalty is smaller than the "
+            "family's or its outputs are not the program's at its coefficients; nothing is certified")
+    return min(dual, objective)
+
+
 def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     """Certify a nonconvex network trained anywhere: its objective, a certified lower bound on the global
     optimum of its family, and the gap between them.
@@ -204,13 +223,18 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     network : :class:`~cvxtransformer.core.reductions.AttentionHeads` (``W1`` (m, n) attention rows on
         the simplex, ``W2`` (m, d), ``W3`` (m, c), ``gate`` (m,) for (11)), a dict of those arrays,
         :class:`~cvxtransformer.core.reductions.MHSAHeads` (``W1`` (m, d, d), ``W2`` (m, d, c)) or its
-        dict, or a network of :mod:`cvxtransformer.nn.networks`. Softmax attention (3) is refused:
+        dict, :class:`~cvxtransformer.core.reductions.GatedMHSAHeads` (``W1``, ``W2`` and ``gate`` (m,),
+        e.g. from ``recover_weights`` of the gated MHSA program) or its dict, or a network of
+        :mod:`cvxtransformer.nn.networks`. ``form``: "balanced" (every family) or "lemma1" (heads of
+        (9)/(11), whose value vectors are normalised first: see ``Proposition1.objective``); any
+        other is refused. Softmax attention (3) is refused:
         the bound does not cover it (its attention depends on the input).
     tol, refine, refine_time : as for :func:`certify`
 
     Returns
     -------
     NetworkCertificate
+        Always ``lower_bound <= objective`` (a bound above it raises an InvalidInputError, explained).
         The objective is the network's own, the module's ``objective`` for a module (whose outputs
         are checked against the program's at Z), the reduction's ``objective`` (in numpy, from the
         weights) for arrays.
@@ -244,8 +268,9 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     objective = (_module_objective(module, problem, Z) if module is not None
                  else float(reduction.objective(problem, weights)))
     cert = certify(problem, Z, tol=tol, refine=refine, refine_time=refine_time)
-    gap = objective - cert.dual_objective
+    lower_bound = _checked_bound(cert.dual_objective, objective)
+    gap = objective - lower_bound
     return NetworkCertificate(network=reduction.equations.get(problem.program.name, ""), program=problem.program.name,
-                              objective=objective, lower_bound=cert.dual_objective, gap=gap,
+                              objective=objective, lower_bound=lower_bound, gap=gap,
                               relative_gap=gap / max(1.0, abs(objective)), heads=weights.heads, Z=Z,
                               certificate=cert)

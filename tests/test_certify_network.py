@@ -184,3 +184,121 @@ def test_forward_map_inverts_invert(data):
     back = ct.recover_weights(P, Z)
     assert back.heads == 2  # rank(Z) = 2 heads
     np.testing.assert_allclose(P.reduction.coefficients(P, back), Z, atol=1e-12 * np.abs(Z).max())
+
+
+# ----------------------------------------------------------------------------- issue #33: outside the family
+def unit_lemma1(weights):
+    """Lemma-1 heads with unit value vectors, the outputs of ``weights`` (w_2 / ||w_2||, w_3 ||w_2||)."""
+    r = np.linalg.norm(weights["W2"], axis=1)
+    return AttentionHeads(weights["W1"], weights["W2"] / r[:, None], weights["W3"] * r[:, None], form="lemma1")
+
+
+def test_issue33_lemma1_heads_with_rescaled_value_vectors(data):
+    """W2 * 1e3, W3 / 1e3 (the same outputs) used to give a bound 15.1 above the objective 2.27."""
+    X, Y = data
+    P = ct.make_problem(X, Y, program=10, beta=1.0)
+    P = P.with_beta(0.1 * P.beta_max())
+    weights, _ = train_attention(X, Y, P.beta, m=5)
+    unit = unit_lemma1(weights)
+    by_hand = (0.5 * np.sum((np.einsum("jk,ikd,jd->ij", unit.W1, X, unit.W2) @ unit.W3 - Y) ** 2)
+               + P.beta * np.abs(unit.W3).sum())                 # Lemma 1's penalty at unit value vectors
+    base = ct.certify_network(P, unit)
+    assert base.objective == pytest.approx(by_hand, rel=1e-12)
+    for scale in (1e3, 1e-3, 7.0):
+        scaled = AttentionHeads(unit.W1, unit.W2 * scale, unit.W3 / scale, form="lemma1")
+        cert = ct.certify_network(P, scaled)
+        assert cert.lower_bound <= cert.objective
+        assert cert.objective == pytest.approx(base.objective, rel=1e-12)
+        assert cert.gap == pytest.approx(base.gap, rel=1e-6, abs=1e-9 * base.objective)
+        assert cert.lower_bound == cert.certificate.dual_objective
+    # the same heads in the balanced form carry their own (larger) penalty, never below the bound
+    balanced = ct.certify_network(P, dict(W1=unit.W1, W2=unit.W2 * 1e3, W3=unit.W3 / 1e3))
+    assert balanced.lower_bound <= balanced.objective and balanced.objective > 1e5
+
+
+@pytest.mark.parametrize("program, heads", [
+    (10, dict(W1=np.full((2, n), 1 / n), W2=np.ones((2, d)), W3=np.ones((2, c)), form="Lemma1")),
+    (10, AttentionHeads(W1=np.full((2, n), 1 / n), W2=np.ones((2, d)), W3=np.ones((2, c)), form="unit")),
+    ("mhsa", dict(W1=np.ones((2, d, d)), W2=np.ones((2, d, c)), form="lemma1")),
+    ("gated_mhsa", dict(W1=np.ones((2, d, d)), W2=np.ones((2, d, c)), gate=np.zeros(2, int), form=None)),
+])
+def test_issue33_unknown_form_is_refused_naming_the_forms(data, program, heads):
+    X, Y = data
+    P = ct.make_problem(X, X[:, :, :c] if program != 10 else Y, program=program, beta=1.0,
+                        **({"gates": 2} if program == "gated_mhsa" else {}))
+    allowed = r"\('balanced', 'lemma1'\)" if program == 10 else r"\('balanced',\)"
+    with pytest.raises(ct.InvalidInputError, match=r"weights.form: expected one of " + allowed):
+        ct.certify_network(P, heads)
+    weights = heads if not isinstance(heads, dict) else P.reduction.invert(P, np.zeros(P.program.shape))
+    if isinstance(heads, dict):
+        weights.form = heads["form"]
+    with pytest.raises(ct.InvalidInputError, match="weights.form"):
+        ct.nonconvex_objective(P, weights)
+
+
+def gated_mhsa_by_hand(X, W1, W2, gate, Hg):
+    """Outputs sum_j (D_g(j)(X_i) * (X_i W1j X_i^T)) X_i W2j per token, D_g[t, s] = 1[x_t^T H_g x_s >= 0]."""
+    out = np.zeros(X.shape[:2] + (W2.shape[2],))
+    for j in range(len(W1)):
+        mask = np.einsum("ita,ab,isb->its", X, Hg[gate[j]], X) >= 0
+        scores = np.einsum("ita,ak,isk->its", X, W1[j], X) * mask
+        out += scores @ X @ W2[j]
+    return out
+
+
+def test_issue33_gated_mhsa_heads_are_certified(data):
+    from cvxtransformer.nn.networks import GatedMHSA
+
+    X, _ = data
+    Y = X[:, :, :c] @ np.array([[1.0, 0.5], [-0.5, 1.0]]) + 0.1 * np.roll(X[:, :, :c], 1, axis=1)
+    P = ct.make_problem(X, Y, program="gated_mhsa", beta=1.0, gates=2, gate_seed=4)
+    P = P.with_beta(0.1 * P.beta_max())
+    exact = ct.solve(P, "clarabel", tol=1e-9).certificate
+    heads = ct.recover_weights(P, ct.solve(P, "clarabel", tol=1e-9).Z)
+    heads.W2 = 0.8 * heads.W2                                     # off the optimum: a positive gap
+    by_hand = (0.5 * np.sum((gated_mhsa_by_hand(X, heads.W1, heads.W2, heads.gate, P.program.H) - Y) ** 2)
+               + P.beta / 2 * (np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2)))
+    certs = [ct.certify_network(P, heads), ct.certify_network(P, dict(W1=heads.W1, W2=heads.W2, gate=heads.gate)),
+             ct.certify_network(P, GatedMHSA.from_weights(heads, P.program.H, n))]
+    for cert in certs:
+        assert cert.network == "(gated MHSA)" and cert.program == "gated_mhsa"
+        assert cert.objective == pytest.approx(by_hand, rel=1e-10)
+        assert cert.lower_bound == cert.certificate.dual_objective <= cert.objective
+        assert cert.lower_bound <= exact.primal_objective * (1 + 1e-9)
+        assert cert.gap >= cert.objective - exact.primal_objective - 1e-9 * exact.primal_objective > 0
+    with pytest.raises(ct.InvalidInputError, match="weights: expected GatedMHSAHeads"):
+        ct.certify_network(P, dict(W1=heads.W1, W2=heads.W2))
+
+
+def test_issue33_every_family_bound_below_objective_for_any_scaling(data):
+    """Random heads of every family, at any rescaling that keeps the outputs: lower_bound <= objective."""
+    X, Y = data
+    rng = np.random.default_rng(5)
+    U1, U2 = sample_gates(H, n, d, seed=3)
+    cases = [(8, Y[:, 0], {}), (10, Y, {}), (12, Y, dict(U1=U1, U2=U2)), ("mhsa", X[:, :, :c], {}),
+             ("gated_mhsa", X[:, :, :c], dict(gates=2))]
+    for program, y, options in cases:
+        P = ct.make_problem(X, y, program=program, beta=1.0, **options)
+        P = P.with_beta(0.3 * P.beta_max())
+        for scale in (1e-3, 1.0, 1e3):
+            if program in (8, 10, 12):
+                m, out = 3, P.program.n_outputs
+                W1, W2, W3 = rng.dirichlet(np.ones(n), size=m), rng.standard_normal((m, d)), rng.standard_normal((m, out))
+                gate = rng.integers(0, H, m) if program == 12 else None
+                variants = [AttentionHeads(W1, W2 * scale, W3 / scale, gate, form) for form in ("balanced", "lemma1")]
+            else:
+                W1, W2 = 0.3 * rng.standard_normal((2, d, d)), 0.3 * rng.standard_normal((2, d, c))
+                variants = [dict(W1=W1 * scale, W2=W2 / scale, **({"gate": np.array([0, 1])} if options else {}))]
+            for heads in variants:
+                cert = ct.certify_network(P, heads, refine_time=2.0)
+                assert cert.lower_bound <= cert.objective, (program, scale)
+                assert cert.gap >= 0 and cert.certificate.primal_objective <= cert.objective * (1 + 1e-12)
+
+
+def test_issue33_a_bound_above_the_objective_raises_never_a_negative_gap():
+    from cvxtransformer.verify import _checked_bound
+
+    with pytest.raises(ct.InvalidInputError, match="network: its objective 2.27 is below the certified lower bound"):
+        _checked_bound(15.1, 2.27)
+    assert _checked_bound(2.27 * (1 + 1e-13), 2.27) == 2.27       # rounding: a gap of 0
+    assert _checked_bound(1.5, 2.27) == 1.5

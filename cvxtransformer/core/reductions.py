@@ -122,10 +122,10 @@ class Reduction:
     equations = {}
 
     @classmethod
-    def check_form(cls, form):
-        """``form`` if this reduction recovers weights in it; errors name the argument."""
-        if form not in cls.forms:
-            raise invalid("form", f"one of {cls.forms}", repr(form))
+    def check_form(cls, form, name="form"):
+        """``form`` if this reduction recovers weights in it; errors name the argument (``name``)."""
+        if not isinstance(form, str) or form not in cls.forms:
+            raise invalid(name, f"one of {cls.forms}", repr(form))
         return form
 
     @classmethod
@@ -170,6 +170,7 @@ class Proposition1(Reduction):
         if not isinstance(weights, AttentionHeads):
             raise invalid("weights", f"AttentionHeads (W1, W2, W3), the heads of network (9)/(11), for {program.label}",
                           type(weights).__name__)
+        Proposition1.check_form(weights.form, "weights.form")
         h, c, n, d = program.canonical_shape
         W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
         m = W1.shape[0] if W1.ndim == 2 else -1
@@ -222,8 +223,12 @@ class Proposition1(Reduction):
         """Objective (6)/(9) (or (11) with gates) of a network with the given heads.
 
         ``sum_i L(sum_j g_ij (w_1j^T X_i w_2j) w_3j, y_i) + penalty``, with ``g_ij = 1`` for (6)/(9)
-        and ``g_ij = 1[u_1,gate(j)^T X_i u_2,gate(j) >= 0]`` for (11).
+        and ``g_ij = 1[u_1,gate(j)^T X_i u_2,gate(j) >= 0]`` for (11). The penalty of the balanced form
+        is ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``. Lemma 1's penalty ``beta ||w_3j||_1`` holds for
+        unit value vectors; other heads are first normalised (``w_2j / ||w_2j||``, ``w_3j ||w_2j||``:
+        the same outputs, the smallest penalty the form allows), so it is ``beta sum_j ||w_2j|| ||w_3j||_1``.
         """
+        Proposition1.check_form(weights.form, "weights.form")
         program, beta = problem.program, problem.beta
         Yhat = np.empty((program.N, weights.W3.shape[1]))
         step = max(1, 2**20 // max(1, program.X[:1].size + weights.W1.shape[0]))  # X may be a memory map
@@ -237,7 +242,7 @@ class Proposition1(Reduction):
         if weights.form == "balanced":
             penalty = 0.5 * beta * float(np.sum(weights.W2 ** 2) + np.sum(np.abs(weights.W3).sum(axis=1) ** 2))
         else:
-            penalty = beta * float(np.sum(np.abs(weights.W3)))
+            penalty = beta * float(np.linalg.norm(weights.W2, axis=1) @ np.abs(weights.W3).sum(axis=1))
         return problem.loss.value(Yhat, problem.T) + penalty
 
 
@@ -256,6 +261,7 @@ class LinearMHSAReduction(Reduction):
         p = problem.program
         if not isinstance(heads, MHSAHeads):
             raise invalid("weights", f"MHSAHeads (W1, W2), the heads of network (5), for {p.label}", type(heads).__name__)
+        LinearMHSAReduction.check_form(heads.form, "weights.form")
         W1, W2 = _mhsa_weights(p, heads)
         return LinearMHSAReduction.sum_heads(W1, W2)
 
@@ -309,7 +315,8 @@ def _mhsa_weights(program, heads):
 
 
 def _weight_decay_objective(problem, Yhat, heads):
-    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of MHSA heads."""
+    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of MHSA heads (balanced: their one form)."""
+    Reduction.check_form(heads.form, "weights.form")
     penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
     return problem.loss.value(Yhat, problem.T) + penalty
 
@@ -354,6 +361,10 @@ class GatedMHSAReduction(Reduction):
         gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
         the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
         p = problem.program
+        if not isinstance(heads, GatedMHSAHeads):
+            raise invalid("weights", f"GatedMHSAHeads (W1, W2, gate), the heads of the gated MHSA network, for "
+                          f"{p.label}", type(heads).__name__)
+        GatedMHSAReduction.check_form(heads.form, "weights.form")
         W1, W2 = _mhsa_weights(p, heads)
         m, gate = len(W1), np.asarray(heads.gate)
         if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):

@@ -270,7 +270,7 @@ def _checked_gate(gate, heads, h, rows):
 
 def _balanced(weights):
     W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
-    if weights.form == "balanced" or W1.shape[0] == 0:
+    if Proposition1.check_form(weights.form, "weights.form") == "balanced" or W1.shape[0] == 0:
         return W1, W2, W3
     r2, r3 = np.linalg.norm(W2, axis=1), np.abs(W3).sum(axis=1)
     a = np.sqrt(np.where((r2 > 0) & (r3 > 0), r3 / np.where(r2 > 0, r2, 1.0), 1.0))
