@@ -79,7 +79,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
     (False, True)
     """
     tol = check_tol(tol)
-    Z = check_problem(problem).program.check_Z(Z)
+    Z = check_problem(problem).check_data().program.check_Z(Z)
     candidates = {}
     if V is not None:
         candidates["given"] = problem.program.check_V(V)

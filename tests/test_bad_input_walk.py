@@ -221,7 +221,8 @@ def test_the_command_line_names_the_argument(env, capsys, argv, name):
 # ----------------------------------------------------------------------------- not errors, but said
 def test_verify_says_which_gates_it_certifies_with(tmp_path, capsys):
     """RESULT's gates (those Z was solved with) are used; when DATA holds other gates a note on stderr
-    says so, and ``--json`` names the source (``gates``)."""
+    says so (a RESULT without data fingerprint; with one, other gates in DATA are refused: issue #33),
+    and ``--json`` names the source (``gates``)."""
     import json
 
     rng = np.random.default_rng(5)
@@ -232,12 +233,15 @@ def test_verify_says_which_gates_it_certifies_with(tmp_path, capsys):
     args = ["--program", "12", "--loss", "squared", "--beta-frac", "0.3", "--gates", "3", "--json"]
     assert main(["solve", str(tmp_path / "plain.npz"), *args, "--out", str(tmp_path / "r.npz")]) == 0  # sampled gates
     capsys.readouterr()
+    assert main(["verify", str(tmp_path / "gated.npz"), str(tmp_path / "r.npz"), *args]) == 2
+    assert "RESULT: it was solved with other gates: U1, U2 (DATA) differ" in capsys.readouterr().err
+    np.savez(tmp_path / "r.npz", **{k: v for k, v in np.load(tmp_path / "r.npz").items() if k != "fingerprint"})
     for data, source, note in (("gated.npz", "RESULT", True), ("plain.npz", "RESULT", False)):
         main(["verify", str(tmp_path / data), str(tmp_path / "r.npz"), *args])
         out, err = capsys.readouterr()
         assert json.loads(out)["gates"] == source and json.loads(out)["certified"]
-        assert (err.strip() == "cvxtransformer verify: note: RESULT's gates U1, U2 differ from DATA's; certifying "
-                               "with RESULT's (the gates Z was solved with)") == note, err
+        assert ("cvxtransformer verify: note: RESULT's gates U1, U2 differ from DATA's; certifying with RESULT's "
+                "(the gates Z was solved with)" in err.splitlines()) == note, err
     np.savez(tmp_path / "z_only.npz", Z=np.load(tmp_path / "r.npz")["Z"])
     main(["verify", str(tmp_path / "gated.npz"), str(tmp_path / "z_only.npz"), *args])
     assert json.loads(capsys.readouterr().out)["gates"] == "DATA"

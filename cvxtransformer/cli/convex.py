@@ -53,6 +53,8 @@ def format_certificate(s):
                   _line("build time", f"{s.get('build_seconds', 0):.3f} s")]
     if s.get("class_mapping"):
         lines.append(_line("classes", s["class_mapping"], "labels, sorted, as RESULT stores them"))
+    if s.get("data_fingerprint"):
+        lines.append(_line("data", s["data_fingerprint"]))
     lines.append(_line("verdict", verdict))
     return "\n".join(lines)
 
@@ -88,7 +90,8 @@ def configure_solve(p):
     p.add_argument("--formulation", choices=("auto", "compressed", "factored", "direct"), default="auto",
                    help="how clarabel and scs get the program: auto (the squared loss compressed to the size of Z "
                         "whatever N; mhsa's factored map where smaller), or forced; direct is the dense design")
-    p.add_argument("--out", metavar="RESULT.npz", help="write Z, V, beta (and the gates U1, U2 or H) here")
+    p.add_argument("--out", metavar="RESULT.npz",
+                   help="write Z, V, beta (and the gates U1, U2 or H) here, with the data's SHA-256 fingerprint")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines (by default a line on stderr when a solve runs past 5 s, then every 30 s)")
@@ -134,9 +137,31 @@ def run_solve(args):
     result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose, refine=refine,
                    refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
     if args.out:
-        result.save(args.out, **({} if classes is None else {"classes": classes}))
+        result.save(args.out, fingerprint=_fingerprint(data, data.fingerprint(), problem),
+                    **({} if classes is None else {"classes": classes}))
     _print(args, _with_classes(result.summary(), classes, args.loss))
     return 0 if result.certified else 1
+
+
+def _fingerprint(data, pieces, problem):
+    """RESULT's ``fingerprint`` (a JSON string): SHA-256 of X and y by shard (``pieces``, as each process
+    read them: :meth:`~cvxtransformer.core.data.DataSet.fingerprint`), the rows of each shard, and the
+    gates the problem was solved with."""
+    import numpy as np
+
+    from ..core.io import dumps
+
+    return np.array(dumps({"hash": "sha256", "rows": data.counts, "pieces": pieces,
+                           "gates": _gates_fingerprint(problem.program.gate_arrays())}))
+
+
+def _gates_fingerprint(arrays):
+    """The fingerprint of gate arrays (a dict name -> array, in float64), None without gates."""
+    import numpy as np
+
+    from ..core.fingerprint import fingerprint
+
+    return fingerprint(*(np.asarray(arrays[k], dtype=float) for k in sorted(arrays))) if arrays else None
 
 
 def _with_classes(summary, classes, loss):
@@ -201,10 +226,16 @@ def _solve_distributed(args, options, rank):
     result = solve(problem, solver="fista", tol=args.tol, verbose=args.verbose,
                    refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
     V = problem.program.shards.gather_rows(result.V)
+    shards = problem.program.shards
+    writes, pieces = [bool(args.out)], [None] * shards.size  # whether rank 0 writes RESULT (--out is its own)
+    distributed.collective(dist.broadcast_object_list, writes, src=0)
+    # each process's rows of DATA, fingerprinted as that process read them
+    distributed.collective(dist.all_gather_object, pieces, data.fingerprint(shards.start, shards.stop) if writes[0]
+                           else [])
     if rank == 0:
         result = dataclasses.replace(result, V=V)
         if args.out:
-            result.save(args.out)
+            result.save(args.out, fingerprint=_fingerprint(data, [p for mine in pieces for p in mine], problem))
         _print(args, dict(result.summary(), processes=dist.get_world_size()))
     return 0 if result.certified else 1
 
@@ -233,8 +264,11 @@ def run_verify(args):
     if ("U1" in res) != ("U2" in res):
         raise InvalidInputError("RESULT: it holds only one of U1, U2; save both or neither")
     stored = None if "beta" not in res else _stored_beta(res["beta"])
+    fingerprint = _stored_fingerprint(res)
+    if fingerprint is not None:
+        data.check_fingerprint(fingerprint)
     X, y = data.rows()
-    gates = _gates(args, data, res)
+    gates = _gates(args, data, res, fingerprint is None)
     y, classes = encode_labels(y, args.loss, res.get("classes"))
     problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2), H=res.get("H", data.H))
     if np.shape(res["Z"]) != problem.program.shape:
@@ -247,6 +281,19 @@ def run_verify(args):
     summary = {"program": problem.program.name, "loss": args.loss, "form": "given", "solver": "none"}
     if gates is not None:
         summary["gates"] = gates
+    if fingerprint is None:
+        summary["data_fingerprint"] = "not checked: RESULT holds no fingerprint of the data it was solved on"
+        print("cvxtransformer verify: note: RESULT holds no data fingerprint (written by an older version, or "
+              "not by solve --out): it could not be checked that DATA is the data it was solved on", file=sys.stderr)
+    else:
+        names = GATE_ARRAYS.get(args.program, ())
+        in_data = bool(names) and getattr(data, names[0]) is not None
+        arrays = {k: getattr(data, k) for k in names} if in_data else problem.program.gate_arrays()
+        if _gates_fingerprint(arrays) != fingerprint.get("gates"):
+            raise InvalidInputError(f"RESULT: it was solved with other gates: {', '.join(names) or 'the gates'} "
+                                    f"({'DATA' if in_data else gates}) differ from those of RESULT's fingerprint; "
+                                    "verify against the DATA that RESULT was solved on, or solve again")
+        summary["data_fingerprint"] = "checked: DATA is the data RESULT was solved on (SHA-256 of X, y, gates)"
     if stored is not None:
         summary["result_beta"] = stored
         if not np.isclose(stored, problem.beta, rtol=1e-12, atol=0):
@@ -274,11 +321,30 @@ def _stored_beta(a):
     return float(value)
 
 
-def _gates(args, data, res):
+def _stored_fingerprint(res):
+    """RESULT's data fingerprint (a dict, see :func:`_fingerprint`), or None when it holds none."""
+    import json
+
+    from ..core.errors import InvalidInputError
+
+    if "fingerprint" not in res:
+        return None
+    try:
+        out = json.loads(str(res["fingerprint"].reshape(()).item()))
+    except (ValueError, TypeError):
+        out = None
+    if not isinstance(out, dict) or out.get("hash") != "sha256":
+        raise InvalidInputError("RESULT: its fingerprint is not one that cvxtransformer solve writes; remove it to "
+                                "verify without checking the data, or solve again")
+    return out
+
+
+def _gates(args, data, res, note=True):
     """Where the gates come from (program (12): U1, U2; gated_mhsa: H): "RESULT", "DATA" or
     "sampled (--gates G --gate-seed S)"; None for the programs without gates. When RESULT and DATA
-    both hold gates and they differ, RESULT's are used (the gates Z was solved with) and a note on
-    stderr says so."""
+    both hold gates and they differ, RESULT's are used (the gates Z was solved with) and, if ``note``
+    (a RESULT without data fingerprint: with one, different gates are refused), a note on stderr
+    says so."""
     import sys
 
     import numpy as np
@@ -289,8 +355,8 @@ def _gates(args, data, res):
     in_data = getattr(data, names[0]) is not None
     if names[0] not in res:
         return "DATA" if in_data else f"sampled (--gates {args.gates} --gate-seed {args.gate_seed})"
-    if in_data and not all(np.shape(res[k]) == np.shape(getattr(data, k)) and np.array_equal(res[k], getattr(data, k))
-                           for k in names):
+    if note and in_data and not all(np.shape(res[k]) == np.shape(getattr(data, k))
+                                    and np.array_equal(res[k], getattr(data, k)) for k in names):
         print(f"cvxtransformer verify: note: RESULT's gates {', '.join(names)} differ from DATA's; certifying with "
               "RESULT's (the gates Z was solved with)", file=sys.stderr)
     return "RESULT"

@@ -7,6 +7,7 @@ So the verifier (numpy, float64) and the torch backend (any device and dtype) ru
 same code.
 """
 import functools
+import warnings
 
 import numpy as np
 import torch
@@ -16,12 +17,20 @@ from .errors import invalid
 F64 = torch.float64
 
 
+def from_numpy(a):
+    """``torch.from_numpy(a)`` (no copy), also for a read-only array (a problem's own data, a read-only
+    memory map) without torch's warning: the core never writes to its data."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(a)
+
+
 def to_tensor(a, dtype=F64, device="cpu"):
     """A tensor from an ndarray, a tensor or a number (no copy for float64 CPU ndarrays)."""
     if isinstance(a, torch.Tensor):
         return a.to(dtype=dtype, device=device)
     a = np.ascontiguousarray(a, dtype=np.float64)
-    return torch.from_numpy(a).to(dtype=dtype, device=device)
+    return from_numpy(a).to(dtype=dtype, device=device)
 
 
 def to_numpy(out):
@@ -99,7 +108,7 @@ def device_budget(device):
 def to_storage(X, device, dtype):
     """An array or tensor as a contiguous tensor in ``dtype`` on ``device`` when it fits there, else
     on the CPU (pinned, for streaming to CUDA). No copy for float64 ndarrays used on the CPU."""
-    Xt = X if isinstance(X, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))
+    Xt = X if isinstance(X, torch.Tensor) else from_numpy(np.ascontiguousarray(X, dtype=np.float64))
     fits = Xt.numel() * torch.finfo(dtype).bits // 8 <= device_budget(device)
     Xt = Xt.to(device=device if fits else "cpu", dtype=dtype)
     if not fits and device.type == "cuda":

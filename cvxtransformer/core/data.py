@@ -32,6 +32,7 @@ import torch
 
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
+from .fingerprint import fingerprint
 from .io import load_npz, record_input, why_unreadable
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
@@ -73,11 +74,13 @@ class DataSet:
     """X, y (and gates) of DATA, opened without reading X (see the module docstring).
 
     Attributes: ``N`` (rows in all), ``shape`` (N, n, d), ``counts`` (rows per shard), ``U1``,
-    ``U2``, ``H`` (None when absent), ``in_memory`` (True for a .npz file).
+    ``U2``, ``H`` (None when absent), ``in_memory`` (True for a .npz file), ``sources`` (the file or
+    folder of each shard, for messages).
     """
 
     def __init__(self, parts, U1=None, U2=None, in_memory=False, H=None):
         self.parts, self.U1, self.U2, self.in_memory, self.H = parts, U1, U2, in_memory, H
+        self.sources = [None] * len(parts)
         self.counts = [len(X) for X, _ in parts]
         self.N = sum(self.counts)
         self.shape = (self.N,) + parts[0][0].shape[1:]
@@ -90,21 +93,61 @@ class DataSet:
             return start, start + self.counts[rank]
         return split_rows(self.N, world, rank)
 
+    def _pieces(self, start, stop):
+        """``(shard, s, e)`` for each shard that rows ``[start, stop)`` touch: its rows ``[s, e)``."""
+        stop, offset = self.N if stop is None else stop, 0
+        for k, count in enumerate(self.counts):
+            s, e = max(start - offset, 0), min(stop - offset, count)
+            if s < e:
+                yield k, s, e
+            offset += count
+
     def rows(self, start=0, stop=None):
         """``(X, y)`` of rows ``[start, stop)``: X is a view (a memory map) when they lie in one shard,
         else a copy; y is read into memory."""
-        stop = self.N if stop is None else stop
-        Xs, ys, offset = [], [], 0
-        for (X, y), count in zip(self.parts, self.counts):
-            s, e = max(start - offset, 0), min(stop - offset, count)
-            if s < e:
-                Xs.append(X[s:e])
-                ys.append(y[s:e])
-            offset += count
+        Xs, ys = [], []
+        for k, s, e in self._pieces(start, stop):
+            Xs.append(self.parts[k][0][s:e])
+            ys.append(self.parts[k][1][s:e])
         if not Xs:  # an empty range: zero rows of the first shard
             Xs, ys = [self.parts[0][0][:0]], [self.parts[0][1][:0]]
         y = np.concatenate(ys)  # a copy in memory (N x c: small beside X)
         return (Xs[0] if len(Xs) == 1 else np.concatenate(Xs)), y
+
+
+    def fingerprint(self, start=0, stop=None):
+        """Fingerprints (:func:`~.fingerprint.fingerprint`, in chunks) of rows ``[start, stop)`` of X and y
+        as stored, one piece per shard they touch: ``{"shard": k, "rows": [s, e], "X": hex, "y": hex}``
+        (rows of shard k). A RESULT stores the pieces; :meth:`check_fingerprint` compares them."""
+        return [{"shard": k, "rows": [s, e], "X": fingerprint(self.parts[k][0][s:e]),
+                 "y": fingerprint(self.parts[k][1][s:e])} for k, s, e in self._pieces(start, stop)]
+
+    def check_fingerprint(self, stored):
+        """Check that this DATA is the data whose fingerprint a RESULT stores (``stored``: a dict with
+        ``rows``, the rows of each shard, and ``pieces``, from :meth:`fingerprint`); otherwise raise
+        an :class:`InvalidInputError` naming the first part that differs (X or y, and the shard)."""
+        fix = "verify against the DATA that RESULT was solved on, or solve again on this DATA"
+        try:
+            rows, pieces = [int(r) for r in stored["rows"]], stored["pieces"]
+            spans = [(int(p["shard"]), int(p["rows"][0]), int(p["rows"][1]), p["X"], p["y"]) for p in pieces]
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise InvalidInputError("RESULT: its fingerprint is not one that cvxtransformer solve writes; "
+                                    "remove it to verify without checking the data, or solve again") from None
+        if rows != self.counts:
+            raise InvalidInputError(f"RESULT: it was solved on other data: shards of {rows} rows, DATA has "
+                                    f"{self.counts}; {fix}")
+        if sum(e - s for _, s, e, _, _ in spans) != self.N or \
+                any(not (0 <= k < len(rows) and 0 <= s < e <= rows[k]) for k, s, e, _, _ in spans):
+            raise InvalidInputError("RESULT: its fingerprint does not cover the rows of DATA once; remove it to "
+                                    "verify without checking the data, or solve again")
+        for k, s, e, *hashes in spans:
+            for part, a, stored_hash in zip(("X", "y"), self.parts[k], hashes):
+                if fingerprint(a[s:e]) != stored_hash:
+                    where = "" if len(rows) == 1 else f" of shard {k} ({self.sources[k]!r})"
+                    if e - s != rows[k]:
+                        where += f", rows {s}:{e},"
+                    raise InvalidInputError(f"RESULT: it was solved on other data: {part}{where} differs from "
+                                            f"DATA's (SHA-256 fingerprint); {fix}")
 
 
 def _shard_dirs(paths, role):
@@ -148,9 +191,12 @@ def open_data(paths, role="DATA"):
         raise InvalidInputError(f"{role}: expected a .npz file or data folders, got nothing")
     if len(paths) == 1 and not os.path.isdir(paths[0]):
         data = load_npz(paths[0], role, ("X", "y"))
-        return DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True, H=data.get("H"))
+        out = DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True, H=data.get("H"))
+        out.sources = [os.fspath(paths[0])]
+        return out
     parts, gates = [], {}
-    for folder in _shard_dirs(paths, role):
+    folders = _shard_dirs(paths, role)
+    for folder in folders:
         X = _npy(os.path.join(folder, "X.npy"), role, "X")
         y = _npy(os.path.join(folder, "y.npy"), role, "y")
         where = f"{role}: {folder!r}"
@@ -172,7 +218,9 @@ def open_data(paths, role="DATA"):
                                             "must use the same gates")
                 gates[name] = U
         parts.append((X, y))
-    return DataSet(parts, gates.get("U1"), gates.get("U2"), H=gates.get("H"))
+    out = DataSet(parts, gates.get("U1"), gates.get("U2"), H=gates.get("H"))
+    out.sources = folders
+    return out
 
 
 class StreamedRows:

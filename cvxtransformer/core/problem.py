@@ -10,7 +10,9 @@ raw user input and is the one way in; the programs it builds are looked up by na
 """
 import numpy as np
 
+from .data import file_backed
 from .errors import invalid
+from .fingerprint import fingerprint
 from .losses import get_loss
 from .registry import families, family
 from .validation import check_array, check_beta, check_scale
@@ -33,6 +35,17 @@ class ConvexProblem:
     def __init__(self, program, loss, T, regularizer):
         self.program, self.loss, self.T, self.regularizer = program, loss, T, regularizer
         self._beta_max = None
+        self._mapped = None  # (X, its fingerprint) when X is a memory map (checked by check_data)
+
+    def check_data(self):
+        """Check that a memory-mapped X still holds the bytes it held when the problem was built (its
+        file may be rewritten by another process); in-memory data is the problem's own read-only copy."""
+        if self._mapped is not None and self._mapped[0] is self.program.X and \
+                fingerprint(self.program.X) != self._mapped[1]:
+            raise invalid("X", "the memory-mapped data the problem was built on",
+                          "a file whose content changed since (its fingerprint differs)",
+                          "rebuild the problem with make_problem on the data as it is now")
+        return self
 
     @property
     def beta(self):
@@ -71,7 +84,7 @@ class ConvexProblem:
     def with_beta(self, beta):
         """The same data, program and loss with another beta (shares the program)."""
         other = ConvexProblem(self.program, self.loss, self.T, self.regularizer.with_beta(check_beta(beta)))
-        other._beta_max = self._beta_max
+        other._beta_max, other._mapped = self._beta_max, self._mapped
         return other
 
     def zeros(self):
@@ -106,6 +119,11 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
         ``gate_seed`` when not given
     n_classes : number of classes c for the cross-entropy loss (default ``max(y) + 1``)
 
+    The problem owns its data: in-memory arrays (X, y, the gates) are copied unless converted anyway,
+    and kept read-only, so changing the caller's arrays afterwards changes nothing. A memory-mapped X
+    (data larger than memory) is not copied: it is kept as a read-only view and its fingerprint
+    (:mod:`.fingerprint`) is checked when the problem is certified (:meth:`ConvexProblem.check_data`).
+
     Example
     -------
     >>> import numpy as np
@@ -124,9 +142,9 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     if loss.name not in fam.losses:
         raise invalid("loss", f"one of {fam.losses} for program ({program})", repr(loss.name),
                       "use program 10 or 12 for several outputs")
-    X = check_array("X", X, 3, "shape (N, n, d)")
+    X = _owned(check_array("X", X, 3, "shape (N, n, d)"), X)
     N, n = X.shape[:2]
-    y_arr = check_array("y", y, what="targets", nonempty=False)
+    y_arr = _owned(check_array("y", y, what="targets", nonempty=False), y)
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
     if y_arr.ndim == 3 and y_arr.shape[1] != n:
@@ -134,8 +152,10 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     if program == 8 and y_arr.ndim != 1:
         raise invalid("y", "shape (N,) for program (8) (scalar output)", f"shape {y_arr.shape}",
                       "use program 10 for vector or sequence targets")
-    T = loss.encode(y_arr, n_classes)
+    T = loss.encode(y_arr, n_classes)  # new, or a view of y_arr
+    T.flags.writeable = False
     regularizer_beta = check_beta(beta)
+    U1, U2, H = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H))  # copies: the caller's may change
     options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)
     refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
     if refused:
@@ -143,4 +163,22 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
         raise invalid(", ".join(refused), f"no {GATE_ARRAYS[refused[0]]} for program ({program})",
                       GATE_ARRAYS[refused[0]], f"leave them out, or use program {owner!r}")
     prog = fam.program.build(program, X, y_arr, T, **{k: options[k] for k in fam.options})
-    return check_scale(ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta)))
+    for gate in prog.gate_arrays().values():
+        gate.flags.writeable = False
+    problem = ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta))
+    if file_backed(prog.X):
+        problem._mapped = (prog.X, fingerprint(prog.X))
+    return check_scale(problem)
+
+
+def _owned(a, given):
+    """``a`` (validated from the caller's ``given``) as the problem's own read-only array: a copy when it
+    may share memory with the caller's, a read-only view of a memory map (never copied: it may be
+    larger than memory; its fingerprint is checked instead)."""
+    if file_backed(a):
+        if a.flags.writeable:  # a map opened for writing ("r+"): a read-only view of it
+            a = a.view()
+    elif a is given or not a.flags.owndata:
+        a = a.copy()
+    a.flags.writeable = False
+    return a
