@@ -144,14 +144,14 @@ def run_solve(args):
 
 
 def _fingerprint(data, pieces, problem):
-    """RESULT's ``fingerprint`` (a JSON string): SHA-256 of X and y by shard (``pieces``, as each process
-    read them: :meth:`~cvxtransformer.core.data.DataSet.fingerprint`), the rows of each shard, and the
-    gates the problem was solved with."""
+    """RESULT's ``fingerprint`` (a JSON string): the rows of DATA, SHA-256 of X and y by shard (``pieces``,
+    as each process read them: :meth:`~cvxtransformer.core.data.DataSet.fingerprint`), and of the gates
+    the problem was solved with."""
     import numpy as np
 
     from ..core.io import dumps
 
-    return np.array(dumps({"hash": "sha256", "rows": data.counts, "pieces": pieces,
+    return np.array(dumps({"hash": "sha256", "N": data.N, "pieces": pieces,
                            "gates": _gates_fingerprint(problem.program.gate_arrays())}))
 
 

@@ -32,7 +32,7 @@ import torch
 
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
-from .fingerprint import fingerprint
+from .fingerprint import fingerprint_rows
 from .io import load_npz, record_input, why_unreadable
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
@@ -116,38 +116,50 @@ class DataSet:
 
 
     def fingerprint(self, start=0, stop=None):
-        """Fingerprints (:func:`~.fingerprint.fingerprint`, in chunks) of rows ``[start, stop)`` of X and y
-        as stored, one piece per shard they touch: ``{"shard": k, "rows": [s, e], "X": hex, "y": hex}``
-        (rows of shard k). A RESULT stores the pieces; :meth:`check_fingerprint` compares them."""
-        return [{"shard": k, "rows": [s, e], "X": fingerprint(self.parts[k][0][s:e]),
-                 "y": fingerprint(self.parts[k][1][s:e])} for k, s, e in self._pieces(start, stop)]
+        """Fingerprints (:func:`~.fingerprint.fingerprint_rows`, in chunks) of rows ``[start, stop)`` of X
+        and y as stored, one piece per shard they touch: ``{"rows": [s, e], "X": hex, "y": hex}`` (rows
+        of the whole DATA). A RESULT stores the pieces; :meth:`check_fingerprint` compares them."""
+        pieces = []
+        for k, s, e in self._pieces(start, stop):
+            offset = sum(self.counts[:k])
+            pieces.append({"rows": [offset + s, offset + e], "X": fingerprint_rows([self.parts[k][0][s:e]]),
+                           "y": fingerprint_rows([self.parts[k][1][s:e]])})
+        return pieces
 
     def check_fingerprint(self, stored):
-        """Check that this DATA is the data whose fingerprint a RESULT stores (``stored``: a dict with
-        ``rows``, the rows of each shard, and ``pieces``, from :meth:`fingerprint`); otherwise raise
-        an :class:`InvalidInputError` naming the first part that differs (X or y, and the shard)."""
+        """Check that this DATA holds the rows whose fingerprint a RESULT stores (``stored``: a dict with
+        ``N`` and ``pieces``, from :meth:`fingerprint`; the rows may be split into other shards);
+        otherwise raise an :class:`InvalidInputError` naming the first part that differs (X or y, and
+        the shard)."""
         fix = "verify against the DATA that RESULT was solved on, or solve again on this DATA"
         try:
-            rows, pieces = [int(r) for r in stored["rows"]], stored["pieces"]
-            spans = [(int(p["shard"]), int(p["rows"][0]), int(p["rows"][1]), p["X"], p["y"]) for p in pieces]
+            N, spans = int(stored["N"]), [(int(p["rows"][0]), int(p["rows"][1]), p["X"], p["y"])
+                                          for p in stored["pieces"]]
         except (KeyError, TypeError, ValueError, IndexError):
             raise InvalidInputError("RESULT: its fingerprint is not one that cvxtransformer solve writes; "
                                     "remove it to verify without checking the data, or solve again") from None
-        if rows != self.counts:
-            raise InvalidInputError(f"RESULT: it was solved on other data: shards of {rows} rows, DATA has "
-                                    f"{self.counts}; {fix}")
-        if sum(e - s for _, s, e, _, _ in spans) != self.N or \
-                any(not (0 <= k < len(rows) and 0 <= s < e <= rows[k]) for k, s, e, _, _ in spans):
+        if N != self.N:
+            raise InvalidInputError(f"RESULT: it was solved on other data: {N} rows, DATA has {self.N}; {fix}")
+        bounds = sorted((s, e) for s, e, *_ in spans)  # must tile [0, N)
+        if not bounds or any(e <= s for s, e in bounds) or bounds[-1][1] != N or \
+                [s for s, _ in bounds] != [0] + [e for _, e in bounds[:-1]]:
             raise InvalidInputError("RESULT: its fingerprint does not cover the rows of DATA once; remove it to "
                                     "verify without checking the data, or solve again")
-        for k, s, e, *hashes in spans:
-            for part, a, stored_hash in zip(("X", "y"), self.parts[k], hashes):
-                if fingerprint(a[s:e]) != stored_hash:
-                    where = "" if len(rows) == 1 else f" of shard {k} ({self.sources[k]!r})"
-                    if e - s != rows[k]:
-                        where += f", rows {s}:{e},"
-                    raise InvalidInputError(f"RESULT: it was solved on other data: {part}{where} differs from "
-                                            f"DATA's (SHA-256 fingerprint); {fix}")
+        for start, stop, *hashes in spans:
+            touched = list(self._pieces(start, stop))
+            for i, (part, stored_hash) in enumerate(zip(("X", "y"), hashes)):
+                if fingerprint_rows([self.parts[k][i][s:e] for k, s, e in touched]) != stored_hash:
+                    raise InvalidInputError(f"RESULT: it was solved on other data: {part}{self._where(touched)} "
+                                            f"differs from DATA's (SHA-256 fingerprint); {fix}")
+
+    def _where(self, touched):
+        """Which rows ``touched`` (``(shard, s, e)``) are, for messages: the shards and their rows."""
+        if len(self.counts) == 1:
+            (_, s, e), = touched
+            return "" if (s, e) == (0, self.N) else f", rows {s}:{e},"
+        return f" of shard{'s' if len(touched) > 1 else ''} " + ", ".join(
+            f"{k} ({self.sources[k]!r}" + ("" if (s, e) == (0, self.counts[k]) else f", rows {s}:{e}") + ")"
+            for k, s, e in touched)
 
 
 def _shard_dirs(paths, role):

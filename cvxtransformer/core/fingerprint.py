@@ -23,10 +23,25 @@ def fingerprint(*arrays):
     """SHA-256 (hex) over the dtype, shape and bytes of each array, in order, in chunks."""
     h = hashlib.sha256()
     for a in arrays:
-        a = np.asarray(a)
-        h.update(f"{a.dtype.str}{a.shape};".encode())
+        _update(h, [np.asarray(a)])
+    return h.hexdigest()
+
+
+def fingerprint_rows(blocks):
+    """:func:`fingerprint` of the rows of ``blocks`` (arrays of the same trailing shape) concatenated,
+    without concatenating them: equal for any split of the same rows (shards, memory maps)."""
+    h = hashlib.sha256()
+    _update(h, [np.asarray(b) for b in blocks])
+    return h.hexdigest()
+
+
+def _update(h, blocks):
+    """Hash the header (dtype, shape) of ``blocks`` stacked along their first axis, then their bytes."""
+    first = blocks[0]
+    shape = first.shape if first.ndim == 0 else (sum(len(b) for b in blocks),) + first.shape[1:]
+    h.update(f"{first.dtype.str}{shape};".encode())
+    for a in blocks:
         rows = a.reshape(1) if a.ndim == 0 else a
         step = max(1, CHUNK_BYTES // max(1, rows[:1].nbytes))
         for s in range(0, len(rows), step):
             h.update(memoryview(np.ascontiguousarray(rows[s:s + step])).cast("B"))
-    return h.hexdigest()
