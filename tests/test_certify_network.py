@@ -253,8 +253,8 @@ def test_issue33_gated_mhsa_heads_are_certified(data):
     Y = X[:, :, :c] @ np.array([[1.0, 0.5], [-0.5, 1.0]]) + 0.1 * np.roll(X[:, :, :c], 1, axis=1)
     P = ct.make_problem(X, Y, program="gated_mhsa", beta=1.0, gates=2, gate_seed=4)
     P = P.with_beta(0.1 * P.beta_max())
-    exact = ct.solve(P, "clarabel", tol=1e-9).certificate
-    heads = ct.recover_weights(P, ct.solve(P, "clarabel", tol=1e-9).Z)
+    solved = ct.solve(P, "clarabel", tol=1e-9)
+    exact, heads = solved.certificate, ct.recover_weights(P, solved.Z)
     heads.W2 = 0.8 * heads.W2                                     # off the optimum: a positive gap
     by_hand = (0.5 * np.sum((gated_mhsa_by_hand(X, heads.W1, heads.W2, heads.gate, P.program.H) - Y) ** 2)
                + P.beta / 2 * (np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2)))

@@ -24,9 +24,9 @@ ARGS = ["--program", "12", "--loss", "squared", "--gates", "3", "--beta-frac", "
         "--tol", "1e-8", "--no-refine", "--json"]
 
 
-def write_shards(folder, X, y, **gates):
-    """A DATA folder of SHARDS shard folders s0, s1, ... (rows split evenly)."""
-    for i, rows in enumerate(np.array_split(np.arange(len(X)), SHARDS)):
+def write_shards(folder, X, y, shards=SHARDS, **gates):
+    """A DATA folder of ``shards`` shard folders s0, s1, ... (rows split evenly)."""
+    for i, rows in enumerate(np.array_split(np.arange(len(X)), shards)):
         shard = folder / f"s{i}"
         shard.mkdir(parents=True)
         for name, a in dict(X=X[rows], y=y[rows], **gates).items():

@@ -22,6 +22,7 @@ from cvxtransformer.cli import main
 from cvxtransformer.core.data import open_data
 from cvxtransformer.core.fingerprint import fingerprint, fingerprint_rows
 
+from test_data_integrity import write_shards
 from test_distributed import launch
 from test_user_errors import assert_one_line_error
 
@@ -99,6 +100,13 @@ def test_issue33_a_memory_map_is_not_copied_and_a_change_of_its_file_is_refused(
         writer[5] = X[5]
         writer.flush()
         assert ct.certify(P, Z, refine=False).primal_objective == cert.primal_objective
+    np.save(tmp_path / "y.npy", y)                             # mapped targets (squared loss: T is a view)
+    P = ct.make_problem(X, np.load(tmp_path / "y.npy", mmap_mode="r"), program=10, beta=1.0)
+    writer = np.load(tmp_path / "y.npy", mmap_mode="r+")
+    writer[0] = 7.0
+    writer.flush()
+    with pytest.raises(ct.InvalidInputError, match="y: expected the memory-mapped data the problem was built on"):
+        ct.certify(P, np.zeros(P.program.shape), refine=False)
 
 
 def test_issue33_fingerprint_is_sha256_of_dtype_shape_and_bytes_in_chunks(tmp_path, monkeypatch):
@@ -120,15 +128,6 @@ def cli(*argv):
     with redirect_stdout(io.StringIO()) as out, redirect_stderr(err):
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
-
-
-def write_shards(folder, X, y, shards, **gates):
-    for i, rows in enumerate(np.array_split(np.arange(len(X)), shards)):
-        shard = folder / f"s{i}"
-        shard.mkdir(parents=True)
-        for name, a in dict(X=X[rows], y=y[rows], **gates).items():
-            np.save(shard / f"{name}.npy", a)
-    return folder
 
 
 @pytest.mark.parametrize("part", ["X", "y", "U2"])

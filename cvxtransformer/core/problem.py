@@ -35,16 +35,17 @@ class ConvexProblem:
     def __init__(self, program, loss, T, regularizer):
         self.program, self.loss, self.T, self.regularizer = program, loss, T, regularizer
         self._beta_max = None
-        self._mapped = None  # (X, its fingerprint) when X is a memory map (checked by check_data)
+        self._mapped = {}  # name -> (array, its fingerprint) of memory-mapped data (checked by check_data)
 
     def check_data(self):
-        """Check that a memory-mapped X still holds the bytes it held when the problem was built (its
-        file may be rewritten by another process); in-memory data is the problem's own read-only copy."""
-        if self._mapped is not None and self._mapped[0] is self.program.X and \
-                fingerprint(self.program.X) != self._mapped[1]:
-            raise invalid("X", "the memory-mapped data the problem was built on",
-                          "a file whose content changed since (its fingerprint differs)",
-                          "rebuild the problem with make_problem on the data as it is now")
+        """Check that memory-mapped data (X, or targets y) still hold the bytes they held when the problem
+        was built (a file may be rewritten by another process); in-memory data is the problem's own
+        read-only copy."""
+        for name, (a, value) in self._mapped.items():
+            if (a is self.program.X or a is self.T) and fingerprint(a) != value:
+                raise invalid(name, "the memory-mapped data the problem was built on",
+                              "a file whose content changed since (its fingerprint differs)",
+                              "rebuild the problem with make_problem on the data as it is now")
         return self
 
     @property
@@ -166,8 +167,7 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     for gate in prog.gate_arrays().values():
         gate.flags.writeable = False
     problem = ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta))
-    if file_backed(prog.X):
-        problem._mapped = (prog.X, fingerprint(prog.X))
+    problem._mapped = {name: (a, fingerprint(a)) for name, a in (("X", prog.X), ("y", T)) if file_backed(a)}
     return check_scale(problem)
 
 
