@@ -283,7 +283,8 @@ def test_issue33_every_family_bound_below_objective_for_any_scaling(data):
         for scale in (1e-3, 1.0, 1e3):
             if program in (8, 10, 12):
                 m, out = 3, P.program.n_outputs
-                W1, W2, W3 = rng.dirichlet(np.ones(n), size=m), rng.standard_normal((m, d)), rng.standard_normal((m, out))
+                W1, W2 = rng.dirichlet(np.ones(n), size=m), rng.standard_normal((m, d))
+                W3 = rng.standard_normal((m, out))
                 gate = rng.integers(0, H, m) if program == 12 else None
                 variants = [AttentionHeads(W1, W2 * scale, W3 / scale, gate, form) for form in ("balanced", "lemma1")]
             else:

@@ -19,7 +19,6 @@ import pytest
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main
-from cvxtransformer.core.data import open_data
 from cvxtransformer.core.fingerprint import fingerprint, fingerprint_rows
 
 from test_data_integrity import write_shards
@@ -148,7 +147,7 @@ def test_issue33_verify_refuses_a_result_solved_on_other_data_naming_the_part(tm
     np.savez(tmp_path / "e.npz", **changed)
     code, out, err = cli("verify", str(tmp_path / "e.npz"), str(result), *ARGS)
     match = (r"RESULT: it was solved with other gates: U1, U2 \(DATA\) differ" if part == "U2" else
-             rf"RESULT: it was solved on other data: {part} differs from DATA's \(SHA-256 fingerprint\); verify against")
+             rf"RESULT: it was solved on other data: {part} differs from DATA's \(SHA-256 fingerprint\); verify")
     assert_one_line_error(code, err, "verify", match)
     assert out == ""
 
@@ -169,8 +168,9 @@ def test_issue33_verify_names_the_shard_that_differs(tmp_path, arrays):
     X2[0, 0, 0] += 1.0                                        # row 14: in RESULT's piece of rows 10:20
     np.save(regrouped / "s1" / "X.npy", X2)
     code, _, err = cli("verify", str(regrouped), str(result), *ARGS)
-    assert_one_line_error(code, err, "verify", r"RESULT: it was solved on other data: X of shards 0 \('.*regrouped/s0', "
-                                              r"rows 10:14\), 1 \('.*regrouped/s1', rows 0:6\) differs from DATA's")
+    assert_one_line_error(code, err, "verify", r"RESULT: it was solved on other data: X of shards 0 "
+                                              r"\('.*regrouped/s0', rows 10:14\), 1 \('.*regrouped/s1', rows 0:6\) "
+                                              r"differs from DATA's")
     y2 = np.load(data / "s2" / "y.npy")
     y2[3, 1] = -y2[3, 1]
     np.save(data / "s2" / "y.npy", y2)

@@ -114,7 +114,6 @@ class DataSet:
         y = np.concatenate(ys)  # a copy in memory (N x c: small beside X)
         return (Xs[0] if len(Xs) == 1 else np.concatenate(Xs)), y
 
-
     def fingerprint(self, start=0, stop=None):
         """Fingerprints (:func:`~.fingerprint.fingerprint_rows`, in chunks) of rows ``[start, stop)`` of X
         and y as stored, one piece per shard they touch: ``{"rows": [s, e], "X": hex, "y": hex}`` (rows

@@ -156,7 +156,7 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     T = loss.encode(y_arr, n_classes)  # new, or a view of y_arr
     T.flags.writeable = False
     regularizer_beta = check_beta(beta)
-    U1, U2, H = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H))  # copies: the caller's may change
+    U1, U2, H = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H))  # copies: the caller's change
     options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)
     refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
     if refused:
