@@ -180,7 +180,8 @@ def test_issue33_scale_certified_means_the_same_at_every_scale(case, scale):
     problem, p_ref = scaled_problem(case, scale)
     assert p_ref > 0
     for solver in ("fista", "clarabel"):  # fista's budget bounds the time; an honest "not certified" passes
-        cert = ct.solve(problem, solver, refine_time=1.0, **({"max_iter": 3000} if solver == "fista" else {})).certificate
+        budget = {"max_iter": 3000} if solver == "fista" else {}
+        cert = ct.solve(problem, solver, refine_time=1.0, **budget).certificate
         check_honest(cert, p_ref, (solver, scale))
 
 

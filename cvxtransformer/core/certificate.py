@@ -63,7 +63,8 @@ def verdict(primal, dual, tol, atol=None, floor=0.0):
         return rel, None, (f"the gap {gap:.3g} is at float64's rounding floor of P ({floor:.3g} = 1e3 eps P(0)); "
                            f"tol {tol:g} relative to D = {float(dual):.3g} cannot be reached; pass an absolute "
                            f"tolerance (atol={max(gap, floor):.1e}) to accept it")
-    return rel, None, f"relative gap {rel:.3g} > tol {tol:g}" + ("" if atol is None else f" and gap {gap:.3g} > atol {atol:g}")
+    above = "" if atol is None else f" and gap {gap:.3g} > atol {atol:g}"
+    return rel, None, f"relative gap {rel:.3g} > tol {tol:g}" + above
 
 
 def dual_feasible_point(problem, V, G=None):

@@ -56,7 +56,8 @@ class Certifier:
         if dual > self.dual_best:
             self.dual_best, self.V_best, self.G_best = dual, s * V, s * G
         gap = primal - self.dual_best
-        return CheckResult(primal, self.dual_best, gap, relative_gap(primal, self.dual_best), G, time.perf_counter() - t0)
+        rel = relative_gap(primal, self.dual_best)
+        return CheckResult(primal, self.dual_best, gap, rel, G, time.perf_counter() - t0)
 
     def radius(self, gap):
         """Radius of the gap-safe sphere around the best dual point."""
