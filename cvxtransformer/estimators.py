@@ -14,7 +14,8 @@ the training data's beta_max) does not. ``__init__`` stores the parameters; ``fi
 them, solves the program and certifies the solution: ``coef_`` is Z in the program's shape,
 ``certificate_`` the verifier's :class:`~cvxtransformer.core.certificate.Certificate`,
 ``dual_gap_`` its duality gap ``P(Z) - D(V)`` (absolute; ``certificate_.relative_gap`` is the
-relative one). A fit whose certificate does not reach ``tol`` warns (``ConvergenceWarning``).
+relative one, ``(P(Z) - D(V)) / D(V)``, a bound on ``(P(Z) - p*) / p*``). A fit whose certificate
+does not reach ``tol`` warns (``ConvergenceWarning``).
 
 Needs scikit-learn (``pip install 'cvxtransformer[sklearn]'``); ``import cvxtransformer`` does not.
 
@@ -90,7 +91,7 @@ class _ConvexEstimator(BaseEstimator):
         self.solver_, self.solver_status_ = result.solver, result.status
         if not cert.certified:
             warnings.warn(f"{type(self).__name__}: relative duality gap {cert.relative_gap:.2e} is above tol "
-                          f"{tol:.1e} (solver status: {result.status}); the solution is not certified",
+                          f"{tol:.1e} (solver status: {result.status}); the solution is not certified: {cert.note}",
                           ConvergenceWarning, stacklevel=3)
         return self
 

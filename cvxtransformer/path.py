@@ -72,7 +72,8 @@ def solve_path(problem, betas=None, n_betas=10, ratio=1e-2, tol=1e-6, progress=F
     problem : ConvexProblem (its own beta is ignored)
     betas : decreasing positive values; default :func:`beta_grid` (``n_betas`` from beta_max
         down to ``ratio * beta_max``); values are sorted in decreasing order
-    tol : relative duality gap certified at every beta
+    tol : relative duality gap certified at every beta (``atol=...`` in ``options``: an absolute gap
+        that certifies too, as for :func:`cvxtransformer.solve`)
     progress : print one line per beta (and the backend's progress) on stderr
     options : passed to the torch backend (device, dtype, max_iter, time_limit, ...); ``max_iter`` and
         ``time_limit`` bound each point of the path

@@ -72,7 +72,7 @@ def heartbeat(what, after=5.0, every=30.0, stream=None):
 
 
 def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen=True, refine="auto",
-          refine_time=10.0, heartbeat_after=None, **options):
+          refine_time=10.0, heartbeat_after=None, atol=None, **options):
     """Solve a :class:`ConvexProblem` and certify the solution.
 
     Parameters
@@ -83,7 +83,11 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
         ``solver`` names the one taken and ``solver_choice`` why)
     form : "primal" solves the program; "dual" solves its dual ((21)/(28)/(33), or the spectral-norm
         dual of program (6)) and reads Z back from the multipliers of the norm constraints
-    tol : relative duality gap at which the result is ``certified`` (recomputed by the verifier)
+    tol : relative duality gap ``(P(Z) - D(V)) / D(V)`` at which the result is ``certified``
+        (recomputed by the verifier); it bounds ``(P(Z) - p*) / p*`` at every scale of the data
+    atol : None (default), or an absolute gap ``P(Z) - D(V)`` that certifies too (the certificate's
+        ``certified_by`` says which test did; the torch backend stops at either): for data near
+        interpolation, where float64 cannot reach ``tol`` relative to a tiny optimum
     screen : set to exactly zero the blocks that the gap-safe test proves zero at every optimum
         (interior-point and splitting solvers return tiny nonzero values there; for the nuclear
         norm, truncate Z to the proved rank bound)
@@ -112,7 +116,7 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     ('clarabel', 'auto: a small problem (1.4e+02 CVXPY coefficients <= 2e+05)')
     """
     check_problem(problem)
-    tol = check_tol(tol)
+    tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
     heartbeat_after = check_positive("heartbeat_after", heartbeat_after, none_ok=True)
     choice = None
     if solver == "auto":
@@ -128,12 +132,13 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
         what = (f"{solver} on the {form} of {program.label}, N = {program.N} samples, Z of shape {program.shape} "
                 f"({int(np.prod(program.shape))} coefficients)")
         with heartbeat(what, heartbeat_after):
-            out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **options)
+            extra = {} if atol is None or backend.name != "fista" else {"atol": atol}  # the torch backend's stop
+            out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **extra, **options)
         Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
         times, screened, formulation = (out.build_seconds, out.solve_seconds), out.screened, out.formulation
         if screen and screened is None:
             Z, screened = screen_solution(problem, Z, V)
-    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time)
+    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol)
     if screened is None:
         screened = gap_safe_screen(problem, cert.V, cert.duality_gap)
     V_out = cert.V[:, 0] if program.n_outputs == 1 and program.name == 8 else cert.V

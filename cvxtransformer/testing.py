@@ -15,7 +15,7 @@ Example
 """
 import numpy as np
 
-from .core.certificate import dual_feasible_point, scaled_residual
+from .core.certificate import dual_feasible_point, relative_gap, scaled_residual
 from .core.problem import make_problem
 
 # Every (program, loss, target kind) that docs/conventions.md allows, on small random instances (for
@@ -100,7 +100,7 @@ def check_strong_duality(problem, primal_result, dual_result, rtol):
     """The dual program's optimum, at its V made feasible, equals the primal optimum."""
     V, _ = dual_feasible_point(problem, np.asarray(dual_result.V, dtype=float).reshape(problem.T.shape))
     p_star, d_star = primal_result.certificate.primal_objective, problem.dual_objective(V)
-    assert abs(p_star - d_star) <= rtol * max(1.0, abs(p_star)), f"max D = {d_star!r}, min P = {p_star!r}"
+    assert abs(p_star - d_star) <= rtol * abs(p_star), f"max D = {d_star!r}, min P = {p_star!r}"
 
 
 def check_kkt(result, stationarity, feasibility):
@@ -122,10 +122,10 @@ def check_recovery(problem, result, rtol=1e-9):
 
 
 def residual_gap(problem, Z):
-    """The relative gap of Z from its scaled residual alone (no other dual point)."""
+    """The relative gap of Z from its scaled residual alone (no other dual point), ``(P - D) / D``."""
     P, _, _, D, _ = scaled_residual(problem.loss, problem.regularizer, problem.program.forward,
                                     problem.program.adjoint, problem.T, Z)
-    return (P - D) / max(1.0, abs(P))
+    return relative_gap(P, D)
 
 
 def write_planted_folder(folder, N, n, d, seed=0, chunk=8192):

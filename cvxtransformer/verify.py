@@ -11,8 +11,9 @@ refinement can only tighten the certificate, never make it lie.
 
 Stopping rule of the refinement: with ``Z_r`` the refined iterate and ``g_r`` its own gap,
 ``D(V_r) >= p* - g_r``, so the certificate of Z is at most ``(P(Z) - P(Z_r)) + g_r``; refinement stops
-once ``g_r <= max(1e-13 max(1, |P(Z)|), 0.1 (P(Z) - P(Z_r)))``, where the reported gap is within 10%
-of ``P(Z) - P(Z_r) <= P(Z) - p*``, the true suboptimality (or at the floor, or at ``refine_time``).
+once ``g_r <= max(1e-13 D(V_r), 0.1 (P(Z) - P(Z_r)))``, where the reported gap is within 10%
+of ``P(Z) - P(Z_r) <= P(Z) - p*``, the true suboptimality (or at the floor, or at float64's rounding
+floor of P, or at ``refine_time``).
 """
 import time
 from dataclasses import asdict, dataclass
@@ -21,7 +22,7 @@ import numpy as np
 
 from solvers.proxgrad import ProxGrad
 
-from .core.certificate import assemble, best_dual
+from .core.certificate import assemble, best_dual, relative_gap, rounding_floor, verdict
 from .core.errors import InvalidInputError, SolverError, invalid
 from .core.validation import check_positive, check_problem, check_tol
 
@@ -36,10 +37,9 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
     """
     start = time.perf_counter()
     P_Z = float(problem.primal_objective(Z))
-    scale = max(1.0, abs(P_Z))
 
     def stop(primal, dual):
-        return primal - dual <= max(floor * scale, 0.1 * (P_Z - primal))
+        return relative_gap(primal, dual) <= floor or primal - dual <= 0.1 * (P_Z - primal)
 
     try:
         out = ProxGrad().solve(problem, tol=floor, init=Z, time_limit=time_limit, max_iter=10**7, stop=stop,
@@ -49,7 +49,7 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
     return out.V, time.perf_counter() - start, out.status
 
 
-def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
+def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=None):
     """Certify coefficients ``Z`` of ``problem``, from any solver.
 
     Parameters
@@ -59,15 +59,22 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
         (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa"
     V : optional candidate dual point (N, n_outputs) (or (N,) with one output), e.g. a solver's
         multipliers; it is made feasible here and used only if it gives a better bound
-    tol : the relative gap below which the solution is reported ``certified`` (0 < tol < 1)
+    tol : the relative gap ``(P(Z) - D(V)) / D(V)`` below which the solution is reported ``certified``
+        (0 < tol < 1): then ``(P(Z) - p*) / p* <= relative_gap <= tol``, at every scale of the data
     refine : True: compute a refined dual point (see the module docstring), unless the gap is
-        already at the floor 1e-13; "auto": only when the gap is above ``tol``; False: never
+        already at the floor 1e-13 (or at float64's rounding floor of P); "auto": only when the
+        gap does not certify; False: never
+    atol : None (default), or an absolute tolerance: the solution is also certified when
+        ``P(Z) - D(V) <= atol`` (``certified_by`` says which test did). Near interpolation, where p*
+        is so far below P(0) that float64 cannot reach ``tol`` relative to D, the certificate's
+        ``note`` says so and names the atol that would accept the gap
     refine_time : seconds allowed to the refinement
 
     Returns
     -------
-    Certificate, with ``relative_gap = (P(Z) - D(V)) / max(1, |P(Z)|)`` at the best dual point,
-    ``residual_relative_gap`` (from Z alone), ``refined_relative_gap`` and ``dual_source``.
+    Certificate, with ``relative_gap = (P(Z) - D(V)) / D(V)`` at the best dual point (+inf when
+    ``D(V) <= 0 < P(Z)``, 0 when ``P(Z) = 0``), ``residual_relative_gap`` (from Z alone),
+    ``refined_relative_gap``, ``dual_source``, ``certified_by`` and ``note``.
 
     Example
     -------
@@ -78,7 +85,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
     >>> cert.certified, cert.dual_objective <= cert.primal_objective
     (False, True)
     """
-    tol = check_tol(tol)
+    tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
     Z = check_problem(problem).check_data().program.check_Z(Z)
     candidates = {}
     if V is not None:
@@ -89,15 +96,17 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0):
     refinement = None
     if refine:
         primal, _, dual = best_dual(problem, Z, candidates.get("given"))
-        gap = (primal - dual) / max(1.0, abs(primal))
-        if gap <= (tol if refine == "auto" else REFINE_FLOOR):
+        auto = refine == "auto"
+        if verdict(primal, dual, tol if auto else REFINE_FLOOR, atol if auto else None)[1] is not None:
             refinement = (0.0, "not needed: the gap is already at " + ("tol" if refine == "auto" else "the floor"))
+        elif primal - dual <= rounding_floor(problem.loss, problem.T):
+            refinement = (0.0, "not needed: the gap is at float64's rounding floor of P")
         else:
             V_ref, seconds, status = refine_dual(problem, Z, refine_time)
             if V_ref is not None:
                 candidates["refined"] = V_ref
             refinement = (seconds, status)
-    return assemble(problem, Z, candidates, tol, refinement)
+    return assemble(problem, Z, candidates, tol, refinement, atol)
 
 
 @dataclass
@@ -112,7 +121,8 @@ class NetworkCertificate:
     lower_bound : D(V), a certified lower bound on the objective of every network of the family on this
         data and beta, whatever its number of heads (D(V) <= P(Z*) <= that objective)
     gap : ``objective - lower_bound >= objective - (global optimum)``
-    relative_gap : ``gap / max(1, |objective|)``
+    relative_gap : ``gap / lower_bound`` (+inf when ``lower_bound <= 0 < objective``), a bound on the
+        network's relative distance ``(objective - p*) / p*`` to the global optimum
     heads : the network's number of heads
     Z : the coefficients the network implements (the program's shape), ``coefficients(problem, weights)``
     certificate : the verifier's :class:`~cvxtransformer.core.certificate.Certificate` at Z
@@ -196,7 +206,7 @@ def _checked_bound(dual, objective):
     (``D(V) <= P(Z*) <= P(Z) <= objective``): an excess beyond rounding is an error, never a negative gap;
     within rounding the bound is the objective (a gap of 0)."""
     excess = dual - objective
-    if excess > BOUND_ROUNDING * max(1.0, abs(objective)):
+    if excess > BOUND_ROUNDING * max(abs(objective), abs(dual)):
         raise InvalidInputError(
             f"network: its objective {objective:.10g} is below the certified lower bound D(V) = {dual:.10g} of "
             "every network of the family, which is impossible for a network in it: its penalty is smaller than the "
@@ -272,5 +282,5 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     gap = objective - lower_bound
     return NetworkCertificate(network=reduction.equations.get(problem.program.name, ""), program=problem.program.name,
                               objective=objective, lower_bound=lower_bound, gap=gap,
-                              relative_gap=gap / max(1.0, abs(objective)), heads=weights.heads, Z=Z,
+                              relative_gap=relative_gap(objective, lower_bound), heads=weights.heads, Z=Z,
                               certificate=cert)

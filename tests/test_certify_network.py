@@ -83,7 +83,7 @@ def check(problem, weights, value):
     assert true_gap > 1e-3                                  # Adam did not reach the optimum
     assert cert.gap >= true_gap - 1e-9 * optimum
     assert cert.gap - true_gap <= 1e-6 * optimum            # tight: the refined dual point
-    assert cert.relative_gap == pytest.approx(cert.gap / cert.objective)
+    assert cert.relative_gap == pytest.approx(cert.gap / cert.lower_bound)  # (objective - D) / D, issue 33
     return cert
 
 

@@ -17,7 +17,9 @@ def _line(name, value, note=""):
 
 def format_certificate(s):
     """Human-readable certificate, one named number a line (``s``: a ``--json`` summary)."""
-    verdict = "CERTIFIED" if s["certified"] else "NOT CERTIFIED (relative gap above tol)"
+    by = s.get("certified_by")
+    verdict = ("CERTIFIED" + (" (gap <= atol)" if by == "absolute" else "") if s["certified"]
+               else "NOT CERTIFIED (" + (s.get("note") or "relative gap above tol") + ")")
     program = NAMES.get(s["program"], f"program ({s['program']})")
     lines = [
         f"{program}, {s['loss']} loss, {s['form']} form"
@@ -29,8 +31,12 @@ def format_certificate(s):
         _line("primal objective P(Z)", f"{s['primal_objective']:.12g}"),
         _line("dual objective D(V)", f"{s['dual_objective']:.12g}", f"dual point: {s['dual_source']}"),
         _line("duality gap", f"{s['duality_gap']:.3e}", "P(Z) - D(V)"),
-        _line("relative gap", f"{s['relative_gap']:.3e}", "gap / max(1, |P(Z)|)"),
+        _line("relative gap", f"{s['relative_gap']:.3e}", "gap / D(V), >= (P(Z) - p*) / p*"),
         _line("tolerance", f"{s['tol']:.1e}", "relative gap to certify"),
+    ]
+    if s.get("atol") is not None:
+        lines.append(_line("absolute tolerance", f"{s['atol']:.1e}", "duality gap that certifies too"))
+    lines += [
         _line("relative gap, Z alone", f"{s['residual_relative_gap']:.3e}", "at the scaled residual dual point"),
     ]
     if s.get("refined_relative_gap") is not None:
@@ -134,7 +140,8 @@ def run_solve(args):
     y, classes = encode_labels(y, args.loss)
     problem = make_problem_from(args, X, y, data.U1, data.U2, H=data.H)
     refine = False if args.no_refine else "auto"
-    result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose, refine=refine,
+    result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, atol=args.atol, verbose=args.verbose,
+                   refine=refine,
                    refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
     if args.out:
         result.save(args.out, fingerprint=_fingerprint(data, data.fingerprint(), problem),
@@ -223,7 +230,7 @@ def _solve_distributed(args, options, rank):
     problem = distributed.shard_data(data, build)
     if args.beta_frac is not None:
         problem = problem.with_beta(args.beta_frac * problem.beta_max())
-    result = solve(problem, solver="fista", tol=args.tol, verbose=args.verbose,
+    result = solve(problem, solver="fista", tol=args.tol, atol=args.atol, verbose=args.verbose,
                    refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
     V = problem.program.shards.gather_rows(result.V)
     shards = problem.program.shards
@@ -299,7 +306,8 @@ def run_verify(args):
         if not np.isclose(stored, problem.beta, rtol=1e-12, atol=0):
             print(f"cvxtransformer verify: note: RESULT was solved at beta = {stored:.10g}; certifying at "
                   f"beta = {problem.beta:.10g} (from --beta/--beta-frac)", file=sys.stderr)
-    cert = certify(problem, Z, V=V, tol=args.tol, refine=not args.no_refine, refine_time=args.refine_time)
+    cert = certify(problem, Z, V=V, tol=args.tol, refine=not args.no_refine, refine_time=args.refine_time,
+                   atol=args.atol)
     summary.update(cert.to_dict())
     summary["status"] = "none (a given Z)"
     _print(args, _with_classes(summary, classes, args.loss))
@@ -370,6 +378,7 @@ def configure_demo(p):
 
 
 def run_demo(args):
+    from ..core.certificate import relative_gap
     from ..core.problem import make_problem
     from ..datasets import student_teacher
     from ..nn.networks import AlternativeAttention
@@ -393,7 +402,7 @@ def run_demo(args):
     summary["alternative_adam"] = {
         "network": "(9)", "heads": heads, "optimizer": "adam", "lr": lr, "steps": steps, "seconds": run.seconds,
         "objective": run.objective, "certified_lower_bound": summary["dual_objective"], "certified_gap": gap,
-        "relative_certified_gap": gap / max(1.0, abs(run.objective))}
+        "relative_certified_gap": relative_gap(run.objective, summary["dual_objective"])}
     if args.json:
         _print(args, summary)
     else:

@@ -50,7 +50,7 @@ def program(text):
 
 
 def add_problem_arguments(p, program_help=PROGRAM_HELP):
-    """--program, --loss, --beta/--beta-frac, --gates, --gate-seed, --classes, --tol, --json."""
+    """--program, --loss, --beta/--beta-frac, --gates, --gate-seed, --classes, --tol, --atol, --json."""
     p.add_argument("--program", type=program, required=True, metavar="{" + ",".join(PROGRAMS) + "}", help=program_help)
     p.add_argument("--loss", choices=("squared", "logistic", "cross_entropy"), required=True, help=LOSS_HELP)
     beta = p.add_mutually_exclusive_group(required=True)
@@ -62,7 +62,11 @@ def add_problem_arguments(p, program_help=PROGRAM_HELP):
     p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates of program (12) or gated_mhsa")
     p.add_argument("--classes", type=positive_int, default=None,
                    help="number of classes c, cross-entropy only (default: max(y) + 1)")
-    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in (0, 1)")
+    p.add_argument("--tol", type=tolerance, default=1e-6,
+                   help="relative duality gap (P - D) / D to certify, in (0, 1); it bounds (P - p*) / p*")
+    p.add_argument("--atol", type=positive_float, default=None,
+                   help="also certify when the duality gap P - D is <= ATOL (off by default; for data near "
+                        "interpolation, where float64 cannot reach --tol relative to a tiny optimum)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 

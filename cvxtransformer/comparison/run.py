@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.certificate import relative_gap
 from ..core.errors import InvalidInputError, invalid
 from .models import MODELS, check_heads, check_models, equation
 
@@ -157,7 +158,7 @@ def model_report(model, bound, run, problem, reference, program):
         lower = reference["dual_objective"]
         gap = run.objective - lower
         entry.update(bounding_program=bound.program.name, certified_lower_bound=lower, certified_gap=gap,
-                     relative_certified_gap=gap / max(1.0, abs(run.objective)), bound_applies=True)
+                     relative_certified_gap=relative_gap(run.objective, lower), bound_applies=True)
     else:
         optimum = reference["primal_objective"]
         entry.update(bounding_program=None, certified_lower_bound=reference["dual_objective"],

@@ -8,13 +8,63 @@ is projected onto the loss's dual domain and scaled the same way before it is us
 certificate never rests on a point it did not check. A solver's reported status never enters.
 
 :func:`cvxtransformer.certify` (which adds the refined dual point) and the torch backend's
-stopping rule are both built on :func:`scaled_residual` and :func:`dual_feasible_point`.
+stopping rule are both built on :func:`scaled_residual` and :func:`dual_feasible_point`, and
+both judge a gap with :func:`relative_gap` and :func:`verdict`.
 """
+import math
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 import numpy as np
 
 from .arrays import to_numpy
+
+
+ROUNDING = 1e3 * np.finfo(float).eps  # a gap of at most this fraction of P(0) is at float64's rounding of P
+
+
+def relative_gap(primal, dual):
+    """The certified relative gap ``(P - D) / D`` of docs/conventions.md (Certificates), on floats.
+
+    Since ``D <= p*`` it bounds the true relative suboptimality ``(P - p*) / p*`` at every scale of
+    the data. Every loss is >= 0, so ``p* >= 0``: ``P == 0`` means Z is optimal (0), and
+    ``D <= 0 < P`` bounds nothing relative to p* (+inf). The one formula for the verifier, the
+    solvers' stopping rules and every report.
+    """
+    primal, dual = float(primal), float(dual)
+    if primal == 0.0:
+        return 0.0
+    if not dual > 0.0:
+        return math.inf
+    return (primal - dual) / dual
+
+
+def rounding_floor(loss, T):
+    """The gap below which float64 cannot resolve P: ``ROUNDING * P(0)``, ``P(0) = L(0)`` the loss at
+    Z = 0 (the scale of the sums whose cancellation rounds P and D; numpy or torch ``T``)."""
+    zero = T * 0
+    return ROUNDING * float(loss.value(zero, T))
+
+
+def verdict(primal, dual, tol, atol=None, floor=0.0):
+    """How a gap is judged: ``(relative gap, certified_by, note)``.
+
+    ``certified_by``: ``"relative"`` when ``relative_gap <= tol``, else ``"absolute"`` when ``atol``
+    is given and ``P - D <= atol``, else None. ``note`` says why a gap did not certify: at or below
+    ``floor`` (:func:`rounding_floor`) the gap is float64's rounding of P and tol relative to D cannot
+    be reached (near interpolation, p* far below P(0)); it names the absolute tolerance that would.
+    """
+    rel, gap = relative_gap(primal, dual), float(primal) - float(dual)
+    if rel <= tol:
+        return rel, "relative", ""
+    if atol is not None and gap <= atol:
+        return rel, "absolute", ""
+    if gap <= floor:
+        return rel, None, (f"the gap {gap:.3g} is at float64's rounding floor of P ({floor:.3g} = 1e3 eps P(0)); "
+                           f"tol {tol:g} relative to D = {float(dual):.3g} cannot be reached; pass an absolute "
+                           f"tolerance (atol={max(gap, floor):.1e}) to accept it")
+    above = "" if atol is None else f" and gap {gap:.3g} > atol {atol:g}"
+    return rel, None, f"relative gap {rel:.3g} > tol {tol:g}" + above
 
 
 def dual_feasible_point(problem, V, G=None):
@@ -95,7 +145,10 @@ class Certificate:
     multipliers); ``"refined"``, the verifier's own refinement). ``residual_relative_gap`` is the
     gap from Z alone without refinement; ``refined_relative_gap`` the gap at the refined point
     (None when refinement was off or not needed), ``refine_seconds`` its cost. ``support_size``:
-    nonzero groups (group lasso) or rank (nuclear norm).
+    nonzero groups (group lasso) or rank (nuclear norm). Every relative gap is :func:`relative_gap`,
+    ``(P - D) / D``. ``certified_by``: ``"relative"`` (``relative_gap <= tol``), ``"absolute"``
+    (``duality_gap <= atol``, only when an ``atol`` was given) or None; ``note``: why it is not
+    certified (e.g. a gap at float64's rounding floor of P, near interpolation), "" when it is.
     """
 
     primal_objective: float
@@ -118,6 +171,9 @@ class Certificate:
     tol: float
     certified: bool
     V: np.ndarray = field(repr=False)
+    atol: Optional[float] = None
+    certified_by: Optional[str] = None
+    note: str = ""
 
     def to_dict(self):
         d = asdict(self)
@@ -125,21 +181,21 @@ class Certificate:
         return d
 
 
-def assemble(problem, Z, candidates, tol, refinement=None):
-    """The :class:`Certificate` of ``Z`` with the best of the dual ``candidates``.
+def assemble(problem, Z, candidates, tol, refinement=None, atol=None):
+    """The :class:`Certificate` of ``Z`` with the best of the dual ``candidates``; certified by
+    :func:`verdict` (``relative_gap <= tol``, or ``gap <= atol`` when ``atol`` is given).
 
     ``candidates``: dict source -> dual point (N, n_outputs); each is made feasible here.
     ``refinement``: ``(seconds, status)`` of the refinement that produced the ``"refined"`` candidate.
     """
     program, loss, reg, T = problem.program, problem.loss, problem.regularizer, problem.T
     primal, R, s, residual_dual, G = scaled_residual(loss, reg, program.forward, program.adjoint, T, Z)
-    scale = max(1.0, abs(primal))
     best = ("residual", R * s, residual_dual)
     gaps = {}
     for source, V in candidates.items():
         V, _ = dual_feasible_point(problem, V)
         value = problem.dual_objective(V)
-        gaps[source] = (primal - value) / scale
+        gaps[source] = relative_gap(primal, value)
         if value > best[2]:
             best = (source, V, value)
     source, V, dual = best
@@ -148,14 +204,14 @@ def assemble(problem, Z, candidates, tol, refinement=None):
     reduction = problem.reduction
     balanced = reduction.invert(problem, Z, "balanced")
     lemma1 = reduction.invert(problem, Z, "lemma1") if "lemma1" in reduction.forms else None
-    relative = gap / scale
+    relative, by, note = verdict(primal, dual, tol, atol, rounding_floor(loss, T))
     return Certificate(
         primal_objective=primal, dual_objective=dual, duality_gap=gap, relative_gap=relative,
-        dual_source=source, residual_relative_gap=(primal - residual_dual) / scale,
+        dual_source=source, residual_relative_gap=relative_gap(primal, residual_dual),
         refined_relative_gap=gaps.get("refined"), refine_seconds=0.0 if refinement is None else refinement[0],
         refine_status="off" if refinement is None else refinement[1],
         kkt_stationarity=stationarity, kkt_dual_feasibility=feasibility, beta=problem.beta,
         beta_max=float(problem.beta_max()), support_size=reg.support_size(Z), heads_recovered=balanced.heads,
         recovered_objective=reduction.objective(problem, balanced),
         recovered_objective_lemma1=None if lemma1 is None else reduction.objective(problem, lemma1),
-        tol=tol, certified=bool(relative <= tol), V=to_numpy(V))
+        tol=tol, certified=by is not None, V=to_numpy(V), atol=atol, certified_by=by, note=note)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cvxtransformer.core.certificate import scaled_residual
+from cvxtransformer.core.certificate import relative_gap, scaled_residual
 
 
 @dataclass
@@ -56,7 +56,8 @@ class Certifier:
         if dual > self.dual_best:
             self.dual_best, self.V_best, self.G_best = dual, s * V, s * G
         gap = primal - self.dual_best
-        return CheckResult(primal, self.dual_best, gap, gap / max(1.0, abs(primal)), G, time.perf_counter() - t0)
+        rel = relative_gap(primal, self.dual_best)
+        return CheckResult(primal, self.dual_best, gap, rel, G, time.perf_counter() - t0)
 
     def radius(self, gap):
         """Radius of the gap-safe sphere around the best dual point."""

@@ -4,7 +4,10 @@ CPU or CUDA, float64 or float32.
 Celer-style outer loop around FISTA (:mod:`.fista`):
 
 1. certify the current point in float64 on the whole problem (:mod:`.certifier`, the verifier's
-   own function) and stop as soon as the relative gap of docs/conventions.md is <= ``tol``;
+   own function) and stop as soon as the relative gap of docs/conventions.md, ``(P - D) / D``, is
+   <= ``tol`` (or the gap is <= ``atol``, when one is given); a gap at float64's rounding floor of P
+   (near interpolation) that tol relative to D needs more than float64 resolves ends the solve
+   with a status that says so, and names the atol that would accept it;
 2. screen: blocks that the gap-safe test proves zero (groups; for the nuclear norm, a proved
    rank bound);
 3. pick a working set (:mod:`.working_sets`): for the group lasso, the support and the worst KKT
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from cvxtransformer.core.arrays import F64, device_budget, resolve_device, resolve_dtype
+from cvxtransformer.core.certificate import relative_gap, rounding_floor, verdict
 from cvxtransformer.core.data import file_backed
 from cvxtransformer.core.errors import SolverError, invalid
 from cvxtransformer.core.result import BackendOutput, Check
@@ -140,12 +144,13 @@ class ProxGrad(Solver):
             raise invalid("stop", "a callable(primal, dual) -> bool or None", repr(o["stop"]))
         return o
 
-    def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
-        """Solve to a certified relative gap ``tol``; returns a :class:`BackendOutput` with Z in the
-        program's shape, the best dual point V, the screened blocks and the history of checks."""
+    def solve(self, problem, form="primal", tol=1e-6, verbose=False, atol=None, **options):
+        """Solve to a certified relative gap ``tol`` (or an absolute gap ``atol``, when given); returns a
+        :class:`BackendOutput` with Z in the program's shape, the best dual point V, the screened
+        blocks and the history of checks."""
         if form != "primal":
             raise invalid("form", '"primal" for solver fista', repr(form))
-        tol = check_tol(tol)
+        tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
         o = self.checked_options(problem, options)
         t_start = time.perf_counter()
         shards = problem.program.shards
@@ -154,7 +159,7 @@ class ProxGrad(Solver):
         work = N * int(np.prod(problem.program.canonical_shape))
         with cpu_threads(o["device"], work, o["threads"]):
             run = _Run(problem, o, o["progress"] or verbose, t_start)
-            status = run.loop(tol, budget, o)
+            status = run.loop(tol, budget, o, atol)
         t_end = time.perf_counter()
         V = None if run.cert.V_best is None else run.cert.V_best.cpu().numpy()
         return BackendOutput(Z=run.x.cpu().numpy().reshape(problem.program.shape), V=V,
@@ -176,6 +181,9 @@ class _Run:
         self.op64 = p.operator(device, F64, chunk)
         self.T64 = torch.from_numpy(np.ascontiguousarray(problem.T, dtype=float)).to(device)
         self.cert = Certifier(problem, self.op64, self.T64)
+        self.rounding = rounding_floor(problem.loss, self.T64)  # float64's rounding floor of P (the certificate's)
+        # a gap (absolute) at P's rounding in the working precision, whatever the relative gap (near interpolation)
+        self.rounding_w = self.rounding * torch.finfo(dtype).eps / torch.finfo(F64).eps
         self.ws = working_set_for(problem, self.op64, o["screen_norms"])
         self.opw = self.op64 if dtype == F64 else p.operator(device, dtype, chunk)
         self.Tw = self.T64 if dtype == F64 else self.T64.to(dtype)
@@ -191,7 +199,7 @@ class _Run:
     def log(self, kind, iteration, primal, dual, screened=None, ws=None, method=None):
         gap = primal - dual
         entry = Check(kind=kind, iteration=iteration, seconds=time.perf_counter() - self.t_start, primal=primal,
-                      dual=dual, gap=gap, relative_gap=gap / max(1.0, abs(primal)), screened=screened,
+                      dual=dual, gap=gap, relative_gap=relative_gap(primal, dual), screened=screened,
                       working_set=ws, method=method)
         self.history.append(entry)
         if self.progress:
@@ -199,7 +207,7 @@ class _Run:
             print(f"fista {kind:9s} it {iteration:6d}  {entry.seconds:8.2f}s  P {primal:.10g}  "
                   f"rel gap {entry.relative_gap:.3e}{extra}", file=sys.stderr, flush=True)
 
-    def loop(self, tol, budget, o):
+    def loop(self, tol, budget, o, atol=None):
         ws_size, method_used, floor_hits, best_rel, Yhat, n_screened = 0, None, 0, np.inf, None, 0
         # A settled working set is solved to tol itself the first time (float64: its gap is the
         # certificate's but for the dual scaling over the blocks outside it), to half of it after that.
@@ -215,12 +223,14 @@ class _Run:
             if self.shards is not None and not self.shards.same(self.x):
                 raise SolverError("distributed: the processes' iterates differ (their replicated arithmetic is not "
                                   "identical: run every process with the same torch build, device type and threads)")
-            done = chk.relative_gap <= tol
+            _, by, note = verdict(chk.primal, chk.dual, tol, atol, self.rounding)
+            done = by is not None
             if o["screen"] and chk.relative_gap < 1e-2 and (not done or self.ws.norms_known()):
                 n_screened = self.ws.screen(self.cert.G_best, self.cert.radius(chk.gap))
             self.log("certified", budget.iterations, chk.primal, chk.dual, n_screened, ws_size, method_used)
             if done:
-                return f"certified: relative gap {chk.relative_gap:.2e} <= tol"
+                return (f"certified: relative gap {chk.relative_gap:.2e} <= tol" if by == "relative"
+                        else f"certified: gap {chk.gap:.2e} <= atol {atol:g}")
             if o["stop"] is not None and o["stop"](chk.primal, chk.dual):
                 return f"stopped by the caller: relative gap {chk.relative_gap:.2e}"
             reason = budget.spent()
@@ -228,13 +238,19 @@ class _Run:
                 return f"{reason} reached: relative gap {chk.relative_gap:.2e} > tol {tol:g}"
             grow = o["working_set"] and not self.newton_first  # Newton keeps its own active blocks: take every violator
             key, settled, ws_size = self.ws.next(chk, self.x, grow, o["p0"])
-            floor_hits = floor_hits + 1 if settled and floor > chk.relative_gap > 0.5 * best_rel else 0
+            at_rounding = chk.gap <= self.rounding  # float64's own floor: whether or not the working set settled
+            low = (settled and floor > chk.relative_gap) or at_rounding
+            floor_hits = floor_hits + 1 if low and chk.relative_gap > 0.5 * best_rel else 0
             best_rel = min(best_rel, chk.relative_gap)
+            if floor_hits >= 3 and at_rounding:
+                return f"floor: {note}"
             if floor_hits >= 3:
                 precision = str(self.dtype).replace("torch.", "")
                 return (f"stalled at relative gap {chk.relative_gap:.2e} > tol {tol:g}: the {precision} "
                         "working precision cannot certify less")
-            inner_tol = margin * tol if settled else max(0.5 * tol, 0.3 * chk.relative_gap)
+            inner_tol = margin * tol if settled else max(0.5 * tol, 0.3 * min(chk.relative_gap, 1.0))
+            if atol is not None and chk.dual > 0:  # the relative gap that atol stands for here
+                inner_tol = max(inner_tol, margin * atol / chk.dual)
             margin = 0.5 if settled else margin
             sm, op, method_used = self.subproblem(key, o["method"])
             x = sm.from_canonical(self.ws.extract(self.x, key).to(self.dtype))
@@ -255,7 +271,7 @@ class _Run:
                     self.newton_needed = reason != "converged"  # a hard problem: later subproblems start with Newton
                 if method_used == "newton" and reason != "converged":
                     x, ix, reason = prox_newton(sm, x, self.problem.regularizer, inner_tol, budget, o["check_every"],
-                                                on_check, floor, self._hessian_op(key))
+                                                on_check, floor, self._hessian_op(key), self.rounding_w)
                 # no Newton step: first order finishes; but not where float32's rounding stopped the Newton steps
                 # ("floor"): first order only stalls there too, and the driver declares the stall 3 checks later
                 if method_used != "newton" or reason == "stalled" or reason == "floor" and self.dtype == F64:
@@ -276,7 +292,8 @@ class _Run:
             budget.max_iter = min(cap, budget.iterations + limit)
         try:
             x, ix, self.cache["L"], reason = fista(sm, x, self.problem.regularizer, self.cache["L"], tol, budget,
-                                                   o["check_every"], on_check, slack, polish=polish, floor=floor)
+                                                   o["check_every"], on_check, slack, polish=polish, floor=floor,
+                                                   rounding=self.rounding_w)
         finally:
             budget.max_iter = cap
         return x, ix, reason

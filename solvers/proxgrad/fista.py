@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from cvxtransformer.core.certificate import relative_gap
 from cvxtransformer.core.errors import SolverError
 
 SYNC_EVERY = 10  # iterations between two agreements on the clock (distributed solves)
@@ -75,7 +76,7 @@ def gap_at(sm, reg, x):
 
 
 def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9, stall_checks=30, polish=None,
-          floor=math.inf):
+          floor=math.inf, rounding=0.0):
     """Run FISTA on ``sm`` + ``reg`` from ``x`` until the subproblem's relative gap is <= ``tol``.
 
     Parameters
@@ -91,6 +92,8 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
     polish : optional :class:`~.newton.Polisher` (the squared loss with the group lasso)
     floor : relative gap below which a gap that stops decreasing is blamed on the working precision;
         above it slow progress is only slow, and the budget ends the run
+    rounding : gap (absolute) at which P's rounding decides, whatever the relative gap (near
+        interpolation, p* far below P(0)): such a gap that stops decreasing is a stall too
 
     Returns
     -------
@@ -143,12 +146,12 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
         budget.iterations += 1
         if budget.iterations % check_every == 0:
             primal, dual = gap_terms(sm, reg, xn, ixn, fxn, g, state)  # dual point V at y: feasible once scaled
-            gap = (primal - dual) / max(1.0, abs(primal))
+            gap = relative_gap(primal, dual)
             if on_check is not None:
                 on_check(budget.iterations, primal, dual)
             if gap <= tol:
                 return xn, ixn, L, "converged"
-            stale = stale + 1 if floor > gap > 0.99 * best else 0
+            stale = stale + 1 if (floor > gap or primal - dual <= rounding) and gap > 0.99 * best else 0
             best = min(best, gap)
             if stale >= stall_checks:
                 return xn, ixn, L, "stalled"

@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from cvxtransformer.core.certificate import relative_gap
+
 from .fista import gap_at
 from .smooth import principal
 
@@ -181,4 +183,4 @@ class Polisher:
             on_check(iteration, pc, dc)
         if pc >= primal:
             return None
-        return xc, ixc, pc, (pc - dc) / max(1.0, abs(pc)) <= tol
+        return xc, ixc, pc, relative_gap(pc, dc) <= tol

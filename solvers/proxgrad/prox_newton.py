@@ -80,6 +80,8 @@ import time
 
 import torch
 
+from cvxtransformer.core.certificate import relative_gap
+
 from .fista import Budget, _dot, fista, gap_at, gap_terms
 from .newton import Polisher, polish
 from .smooth import GramSmooth
@@ -191,7 +193,7 @@ def _newton_start(model, xm, gm, reg, target, scale, deadline, work=torch.float6
     if z is None:
         return xm, False
     _, primal, dual = gap_at(model, reg, z)
-    return z, (primal - dual) / max(1.0, abs(primal)) <= target
+    return z, relative_gap(primal, dual) <= target
 
 
 def _line_search(sm, reg, x, ix, g, d, primal, slack):
@@ -219,7 +221,7 @@ def _line_search(sm, reg, x, ix, g, d, primal, slack):
     return step, Ad
 
 
-def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=math.inf, hessian_op=None):
+def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=math.inf, hessian_op=None, rounding=0.0):
     """Proximal Newton on ``sm`` + ``reg`` from ``x`` until the subproblem's relative gap is <= ``tol``.
 
     Parameters as :func:`.fista.fista` (``sm``: a :class:`.smooth.DataSmooth` whose op offers
@@ -228,7 +230,8 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
     budget of their own with the same deadline. ``floor``: relative gap below which ``STALL_STEPS`` steps
     in a row that do not lower it (by 1%), or a model that gives no descent step, end the subproblem as
     ``"floor"`` (the working precision's rounding: a float32 solve at small beta, where the line search
-    accepts steps within rounding).
+    accepts steps within rounding); ``rounding``: a gap (absolute) at P's rounding, treated alike
+    whatever its relative gap (near interpolation).
 
     Returns
     -------
@@ -237,7 +240,7 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
     or the budget that ran out.
     """
     hessian_op = sm.op if hessian_op is None else hessian_op
-    rounding = 64.0 * torch.finfo(x.dtype).eps
+    slack = 64.0 * torch.finfo(x.dtype).eps  # P's rounding, relative
     ix = sm.image(x)
     kept, served, last_gap = None, 0, math.inf  # last Hessian (active blocks, prediction, H by dtype), its reuses
     lipschitz = None  # the Lipschitz constant of the kept Hessian's model
@@ -255,11 +258,12 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         primal, dual = gap_terms(sm, reg, x, ix, float(sm.value(x, ix)), g, V)
         if on_check is not None:
             on_check(budget.iterations, primal, dual)
-        scale = max(1.0, abs(primal))
-        if (primal - dual) / scale <= tol:
+        rel = relative_gap(primal, dual)
+        if rel <= tol:
             return x, fresh(x, ix), "converged"
-        stale = stale + 1 if floor > (primal - dual) / scale > 0.99 * best else 0  # below the precision's floor,
-        best = min(best, (primal - dual) / scale)  # steps that no longer lower the gap: rounding decides
+        at_floor = floor > rel or primal - dual <= rounding
+        stale = stale + 1 if at_floor and rel > 0.99 * best else 0  # below the precision's floor,
+        best = min(best, rel)  # steps that no longer lower the gap: rounding decides
         if stale >= STALL_STEPS:
             return x, fresh(x, ix), "floor"
         JK = active_blocks(x, g, reg.beta)
@@ -277,8 +281,8 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
         metric = float(sm.loss.gradient_metric(ix, sm.T, kept[1] if lazy else None))
         if not math.isfinite(metric):  # ||t|| overflows: an iterate far from any optimum (a sample's loss > ~700)
             return x, fresh(x, ix), "stalled"
-        q_scale = max(1.0, abs(0.5 * metric + float(reg.value(xa))))  # the model's P at x
-        target = max(MODEL_GAP * (primal - dual), 0.5 * tol * scale) / q_scale
+        q_scale = max(abs(0.5 * metric + float(reg.value(xa))), 1e-300)  # the model's P at x, >= its optimum
+        target = max(MODEL_GAP * (primal - dual), 0.5 * tol * dual, rounding) / q_scale  # a model gap <= the numerator
         Hs = kept[2]  # by dtype, the Hessian's own precision first
         low = next(iter(Hs))  # the model's too, where it is large and its target loose
         low = low if target >= LOW_MODEL_GAP and Hs[low].shape[0] >= LOW_MODEL_FEATURES else x.dtype
@@ -300,11 +304,11 @@ def prox_newton(sm, x, reg, tol, budget, check_every=10, on_check=None, floor=ma
                 if inner == "time_limit":
                     return x, fresh(x, ix), inner
             d = _put(model.to_canonical(xm).to(x.dtype) - xa, JK, x.shape)
-            found = _line_search(sm, reg, x, ix, g, d, primal, rounding * scale)
+            found = _line_search(sm, reg, x, ix, g, d, primal, slack * max(1.0, abs(primal)))
             if found is not None:
                 break
         else:  # no descent step: at a gap below the floor, the precision's rounding
-            return x, fresh(x, ix), "floor" if (primal - dual) / scale < floor else "stalled"
+            return x, fresh(x, ix), "floor" if at_floor else "stalled"
         step, Ad = found
         x = torch.add(x, d, alpha=step)
         ix = torch.add(ix, Ad, alpha=step)  # A x without a pass over the data (rounding only; fresh on return)
