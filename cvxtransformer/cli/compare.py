@@ -42,7 +42,8 @@ error writes nothing.
 
 Outputs in ``--out-dir``: ``<run>.npz`` (trained weights, with ``objective_history`` and
 ``seconds_history``; ``<run>`` is the model, or ``<model>_m<heads>`` with several head counts),
-``convex_p<program>.npz`` (the convex solutions, as ``solve --out``), ``compare.json`` (what
+``convex_p<program>.npz`` (the convex solutions, as ``solve --out``: ``convex_p10.npz``, ``convex_mhsa.npz``,
+``convex_gated_mhsa.npz``), ``compare.json`` (what
 ``--json`` prints), ``objective.png``, ``attention.png`` (group-lasso programs; with the teacher's
 map when DATA holds ``teacher_attention``, as ``cvxtransformer bert-data`` writes),
 ``singular_values.png`` (``mhsa``; ``gated_mhsa``: one panel per gate), ``tuning.png`` (``--tune``) and, when DATA holds ``X_test``
