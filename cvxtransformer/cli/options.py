@@ -66,9 +66,10 @@ def add_problem_arguments(p, program_help=PROGRAM_HELP):
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None):
+def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None, tuned=False):
     """The problem of the parsed options on (X, y); validates option combinations first. Gates (``U1``,
-    ``U2``, ``H``, e.g. from DATA) are passed on to the programs that take them."""
+    ``U2``, ``H``, e.g. from DATA) are passed on to the programs that take them. ``tuned``: every beta
+    comes from a grid (``compare --tune``), which sets it on this problem; built at beta = 1 meanwhile."""
     from ..core.errors import InvalidInputError
     from ..core.problem import make_problem
     from ..core.registry import family
@@ -78,7 +79,8 @@ def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None):
         raise InvalidInputError(f"--classes: only for --loss cross_entropy, got --loss {args.loss}; leave it out")
     taken = family(program).options
     gates = {k: v for k, v in dict(U1=U1, U2=U2, H=H).items() if k in taken}
-    return make_problem(X, y, program=program, loss=args.loss, beta=args.beta, beta_frac=args.beta_frac,
+    beta, beta_frac = (1.0, None) if tuned else (args.beta, args.beta_frac)
+    return make_problem(X, y, program=program, loss=args.loss, beta=beta, beta_frac=beta_frac,
                         gates=args.gates, gate_seed=args.gate_seed, n_classes=args.classes, **gates)
 
 
