@@ -287,6 +287,7 @@ def test_beta_at_or_above_beta_max_gives_zero_without_a_solve():
 
 
 # ----------------------------------------------------------------------------- packaging
+@pytest.mark.slow
 def test_scikit_learn_stays_optional():
     """Importing and using the package imports no scikit-learn; without it, the estimators say what to install."""
     code = ("import sys\n"
@@ -420,6 +421,7 @@ def test_checks_that_need_no_data_pass_on_the_estimators(model):
     assert [r["check_name"] for r in results] == ["check_estimator_cloneable"]  # and no other
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [
     OneTokenAttentionRegressor(), OneTokenAttentionRegressor(program=8),
     OneTokenAttentionRegressor(program=12, gates=3),

@@ -139,6 +139,7 @@ def test_recovered_network_in_numpy_and_torch_equals_P(case):
     np.testing.assert_allclose(net.effective_coefficients(), result.Z, atol=1e-10 * np.abs(result.Z).max())
 
 
+@pytest.mark.slow
 def test_adam_with_enough_heads_reaches_the_optimum_and_one_head_cannot():
     problem = random_problem("gated_mhsa", "squared", "sequence", seed=7, N=30, n=3, d=3, gates=2, frac=0.2)
     result = ct.solve(problem, "clarabel", tol=1e-9, refine=True)

@@ -78,6 +78,7 @@ def test_metrics_match_an_independent_computation(model):
     assert m["n_test_zero"] == int((~nz).sum()) and m["n_test_nonzero"] == int(nz.sum())
 
 
+@pytest.mark.slow
 def test_ladder_quick_aggregates_seeds_and_draws(tmp_path, capsys):
     out = tmp_path / "ladder"
     assert main(["grok-ladder", "--quick", "--models", "convex,relu", "--seeds", "0,1", "--modulus", "11",
@@ -97,6 +98,7 @@ def test_ladder_quick_aggregates_seeds_and_draws(tmp_path, capsys):
     assert capsys.readouterr().out.count("reusing the finished run") == 4
 
 
+@pytest.mark.slow
 def test_grok_gates_quick(tmp_path, capsys):
     teacher = str(tmp_path / "teacher")
     assert main(["grok", "--quick", "--model", "relu", "--modulus", "7", "--save-weights", "--out-dir", teacher]) == 0

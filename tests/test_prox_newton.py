@@ -283,6 +283,7 @@ def _newton_on_shards(rank):
     return out
 
 
+@pytest.mark.slow
 def test_newton_on_two_processes_takes_the_same_steps_as_one(tmp_path):
     results, codes, _ = launch(tmp_path, 2, _newton_on_shards)
     assert codes == [0, 0] and "error" not in results[0], results.get(0, {}).get("trace")

@@ -148,6 +148,7 @@ def test_no_refinement_raises_a_bound_above_the_optimum(case):
         assert np.isfinite(cert.relative_gap) and cert.duality_gap >= -1e-12 * max(1.0, abs(p_star)), name
 
 
+@pytest.mark.slow
 def test_refinement_is_bounded_in_time_and_reported():
     problem = random_problem(12, "cross_entropy", "classes", seed=3, N=3000, n=6, d=5, gates=16, frac=0.02)
     rough = ct.solve(problem, "fista", tol=1e-3, refine=False).Z

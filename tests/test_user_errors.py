@@ -223,6 +223,7 @@ def test_solve_out_follows_the_umask(tmp_path, capsys, data, umask, mask):
     assert code == 0 and stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
 
 
+@pytest.mark.slow
 def test_experiment_outputs_follow_the_umask(tmp_path, capsys, umask):
     """grok writes JSON, .npz and PNG files through core/io; 0o027 tells them from 0o600 and 0o644."""
     umask(0o027)
