@@ -163,6 +163,7 @@ def test_classifier_maps_labels_and_matches_the_functional_api(make, labels):
 
 
 # ----------------------------------------------------------------------------- GridSearchCV
+@pytest.mark.slow
 def test_grid_search_over_beta_matches_a_loop_over_the_functional_api():
     rng = np.random.default_rng(5)
     X = rng.standard_normal((48, 4, 3))

@@ -30,6 +30,7 @@ def test_quick_fills_only_the_options_not_given(command):
     assert (plain.steps, plain.dim, plain.gates) == (12, 128, 8)
 
 
+@pytest.mark.slow
 def test_grok_quick_with_explicit_steps_prints_plain_words(tmp_path, capsys):
     out = str(tmp_path / "run")
     assert main(["grok", "--quick", "--steps", "12", "--modulus", "11", "--out-dir", out]) == 0
@@ -194,6 +195,7 @@ def fake_run(model, layers, seed=0, modulus=97):
                                                               "top_singular_values": [[3, 2], [2, 1], [1, 1]]}}})
 
 
+@pytest.mark.slow
 def test_figures_name_the_task_and_keep_styles_apart(tmp_path):
     runs = [fake_run(m, L) for m in ("convex", "standard") for L in (1, 2)] + [fake_run("convex", 1, seed=1)]
     fig = plots.plot_accuracy(runs, str(tmp_path / "a.png"), "Figure 5")

@@ -230,6 +230,7 @@ def test_a_low_precision_model_that_gives_no_step_is_built_again_in_the_working_
     assert sum(steps) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", NEWTON_CASES, ids=case_id)
 def test_float32_at_its_floor_stops_in_a_few_newton_steps(case):
     """float32 asked for a gap it cannot certify (1e-9): once the Newton steps stop lowering the gap
