@@ -21,7 +21,7 @@ import time
 import warnings
 
 import numpy as np
-from common import DOCS, machine, write_doc
+from common import DOCS, machine, measured, write_doc
 
 import cvxtransformer as ct
 from cvxtransformer.core.io import save_figure
@@ -210,7 +210,7 @@ def main():
     minutes = (time.perf_counter() - start) / 60
     lines = [
         "# What the solvers certify, and what the refined dual point buys", "",
-        f"Machine: {machine()}. Regenerate: `python benchmarks/accuracy.py --seeds {args.seeds}` "
+        f"Machine: {machine()}. {measured()} Regenerate: `python benchmarks/accuracy.py --seeds {args.seeds}` "
         f"({minutes:.1f} min).", "",
         "## Every solver, every program and loss", "",
         f"Worst case over the {len(CASES)} program x loss cases of `cvxtransformer.testing.CASES` x {args.seeds} "

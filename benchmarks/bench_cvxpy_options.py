@@ -22,7 +22,7 @@ import json
 import sys
 import time
 
-from common import DOCS, case_parser, load, machine, run_fresh, write_doc
+from common import DOCS, case_parser, machine, measured, run_fresh, write_doc
 
 CAP = 400  # seconds before a run is killed
 PATH = (0.2, 0.1, 0.05)  # beta / beta_max of the path of the "parameter" rows
@@ -232,7 +232,6 @@ def main():
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return
-    started, load0, t = time.strftime("%Y-%m-%d %H:%M"), load(), time.perf_counter()
     rows = []
     for case in cases(args.quick):
         rows.append(run_fresh(__file__, case, args.cap))
@@ -240,7 +239,6 @@ def main():
         print(f"{case['loss']} N={case['N']} {case['variant']}: "
               + (f"{r['total']:.2f} s, gap {r['gap']:.1e}" if "total" in r else str(r.get("error") or "killed")),
               file=sys.stderr, flush=True)
-    minutes = (time.perf_counter() - t) / 60
     cmd = "python benchmarks/bench_cvxpy_options.py" + (" --quick" if args.quick else "")
     lines = [
         "# CVXPY's options on the logistic and cross-entropy programs", "",
@@ -258,8 +256,7 @@ def main():
         "(`canon_backend`); **dual** the dual program (21)/(28) (`form=\"dual\"`, variable V of N x c); **faer** "
         "Clarabel's supernodal, multithreaded KKT factorization (`direct_solve_method=\"faer\"`, 2 threads) "
         "instead of QDLDL.", "",
-        f"Machine: {machine(packages=('clarabel',))}. Run: {started}, {minutes:.1f} min, load average {load0} at "
-        f"the start and {load()} at the end.", "",
+        f"Machine: {machine(packages=('clarabel',))}. {measured()}", "",
         f"Regenerate: `{cmd}`", "",
         "## One solve, each variant", "", table(rows), "",
         f"## A path of three betas ({', '.join(str(f) for f in PATH)} beta_max): beta a CVXPY Parameter against "

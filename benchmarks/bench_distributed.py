@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DOCS, load, machine, write_doc  # noqa: E402
+from common import DOCS, commit, load, machine, write_doc  # noqa: E402
 
 import cvxtransformer as ct  # noqa: E402
 from cvxtransformer.core.data import DataSet, open_data  # noqa: E402
@@ -271,8 +271,8 @@ def write_report(args, rows, memory, started, load0, load1, total):
         "measurements feed.",
         "",
         f"- Machine: {machine(threads=1)}.",
-        f"- Run: {started}, {total / 60:.1f} min in all; load average {load0} at the start and {load1} at the end "
-        "(a shared 2-core machine: other sessions' work slows some rows).",
+        f"- Run: commit {commit()}, {started}, {total / 60:.1f} min in all; 1-minute load average {load0} at the "
+        f"start and {load1} at the end (measured; a shared {os.cpu_count()}-core machine: other work slows some rows).",
         "- Every process maps only its rows of one float64 X.npy; processes are forked and meet through a file "
         "store (gloo). 1 thread per process unless stated; `1 process, 2 threads` uses the same 2 cores as "
         "2 processes.",

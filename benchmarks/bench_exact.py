@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import DOCS, case_parser, load, machine, run_fresh, write_doc
+from common import DOCS, case_parser, machine, measured, run_fresh, write_doc
 
 TOL = 1e-7  # the relative gap a run must certify
 CAP = 180  # seconds before a run is killed
@@ -183,7 +183,6 @@ def main():
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return
-    start, load_start = time.perf_counter(), load()
     rows = []
     for case in cases(args.quick):
         row = run_fresh(__file__, case, args.cap)
@@ -191,7 +190,6 @@ def main():
         print(f"bench_exact: {json.dumps(row)}", file=sys.stderr, flush=True)
     figure = Path(args.out).parent / "figures" / "benchmark_exact.png"
     plot(rows, figure)
-    minutes = (time.perf_counter() - start) / 60
     lines = [
         "# Build, compile and solve time of the CVXPY programs, in each formulation", "",
         "The squared loss depends on the data only through `A^T A`, `A^T Y` and `||Y||^2`. The **compressed** "
@@ -205,9 +203,7 @@ def main():
         "refinement); `total` all of it, wall time; `rel. gap` the verifier's certified relative gap from the "
         f"returned Z and V; certified at {TOL:g}. Each run in a fresh process killed at {args.cap:.0f} s. "
         "Gaussian tokens, beta = 0.2 beta_max; Clarabel defaults, SCS eps 1e-9.", "",
-        f"Machine: {machine()}. Run: {time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min, load average "
-        f"{load_start} at the start and {load()} at the end (run under the project's CPU lock, nothing else "
-        "heavy running).", "",
+        f"Machine: {machine()}. {measured()}", "",
         f"Regenerate: `python benchmarks/bench_exact.py{' --quick' if args.quick else ''}`", "",
         "## Targets", "", *targets(rows), "",
         "## Results", "", *table(rows), "",

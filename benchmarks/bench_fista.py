@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fista_peers as peers  # noqa: E402
 import fista_report  # noqa: E402
 from fista_report import fmt_time, ratio  # noqa: E402
-from common import DOCS, ROOT, load, machine  # noqa: E402
+from common import DOCS, ROOT, commit, load, machine  # noqa: E402
 
 import cvxtransformer as ct  # noqa: E402
 
@@ -348,7 +348,7 @@ def main():
             peers.warm_up()
         out = run_part(part, args.quick, caps)
         cmd = f"python benchmarks/bench_fista.py --part {part}" + (" --quick" if args.quick else "")
-        out.update(part=part, command=cmd, started=started, load0=load0, load1=load(), caps=caps,
+        out.update(part=part, command=cmd, started=started, load0=load0, load1=load(), caps=caps, commit=commit(),
                    minutes=(time.perf_counter() - t) / 60,
                    machine=machine(threads=out.get("cpu_threads"), packages=("skglm", "celer")))
         with open(store / f"{part}.json", "w") as f:

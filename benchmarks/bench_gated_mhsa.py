@@ -27,7 +27,7 @@ import tempfile
 import time
 
 import numpy as np
-from common import DOCS, load, machine, time_to_gap, write_doc
+from common import DOCS, load, machine, measured, time_to_gap, write_doc
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main as cli
@@ -211,13 +211,11 @@ def main():
     steps = 300 if args.quick else 2000
     text = open(args.out).read()
     for part in parts:
-        start = time.perf_counter()
+        at_start = (time.time(), load())
         lines = {"example": lambda: example(steps, args.quick), "timing": lambda: timing(args.quick),
                  "relu": lambda: relu(steps, args.quick)}[part]()
-        minutes = (time.perf_counter() - start) / 60
         command = f"python benchmarks/bench_gated_mhsa.py --part {part}" + (" --quick" if args.quick else "")
-        lines += ["", f"Machine: {machine()}; otherwise idle (run under an exclusive lock); load average {load()} at "
-                      f"the end; {minutes:.1f} min."]
+        lines += ["", f"Machine: {machine()}. {measured(at_start)}"]
         text = replace_block(text, part, lines, command)
     write_doc(args.out, text.rstrip("\n").split("\n"))
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 import numpy as np
-from common import DOCS, load, machine, time_to_gap, write_doc
+from common import DOCS, machine, measured, time_to_gap, write_doc
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main as cli
@@ -159,7 +159,7 @@ def main():
         "W2j[l, b] = sqrt(s_j) v_j[l c + b]: then beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j, and network (5)",
         "with rank(Z) heads has objective P(Z). P(Z*) bounds objective (5) from below for every number of heads.",
         "",
-        f"Machine: {machine()}; load average {load()} at the end. Regenerate: `{cmd}` ({minutes:.1f} min).", "",
+        f"Machine: {machine()}. {measured()} Regenerate: `{cmd}` ({minutes:.1f} min).", "",
         "## Worked example", "",
         f"N = {ex['N']} sequences of n = {ex['n']} tokens, d = {ex['d']}, c = {ex['c']} outputs per token, targets of "
         "a two-head linear MHSA teacher plus noise 0.1, squared loss, beta = 0.05 beta_max "

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DOCS, ROOT, load, machine, write_doc
+from common import DOCS, ROOT, machine, measured, write_doc
 
 TARGET = 1.5
 HEAVY = ("cvxpy", "scipy", "matplotlib", "sklearn", "transformers")
@@ -144,10 +144,8 @@ def main():
         "charges at least 20 ms (the sum of their modules' own import times, in seconds), and which of",
         "CVXPY, SciPy, matplotlib, scikit-learn and transformers were loaded.",
         "",
-        f"Machine: {machine(threads=None)}. The run held the benchmark lock of this project's shared",
-        "machine, so no other helper's heavy work ran, but other processes did (1-minute load average",
-        f"{load()} at the end): single runs vary by a few tenths of a second, which the medians and best",
-        "times show.",
+        f"Machine: {machine(threads=None)}. {measured()}",
+        "Single runs vary by a few tenths of a second with the load, which the medians and best times show.",
         "",
         f"**Target: a tiny `solve --solver fista --json` within {TARGET}x of `import torch`: "
         f"{target[0]:.2f}x by the medians, {target[1]:.2f}x by the best times, "

@@ -45,11 +45,32 @@ def machine(threads=None, packages=()):
 
 
 def load():
-    """The 1-minute load average (other work on a shared machine slows a benchmark)."""
+    """The 1-minute load average, measured now (other work on a shared machine slows a benchmark)."""
     try:
-        return open("/proc/loadavg").read().split()[0]
+        return f"{os.getloadavg()[0]:.2f}"
     except OSError:
         return "?"
+
+
+START = (time.time(), load())  # when this module was imported: at a benchmark's start
+
+
+def commit():
+    """The commit of the code measured: its short hash, and whether tracked files differed from it."""
+    head = _sh(f"git -C '{ROOT}' rev-parse --short HEAD") or "unknown"
+    changed = _sh(f"git -C '{ROOT}' status --porcelain --untracked-files=no")
+    return head + (" with uncommitted changes" if changed else "")
+
+
+def measured(start=None):
+    """What a page states of its run, measured and never asserted: the commit, when it started, how
+    long it took, and the 1-minute load average at the start and at the end (``start``: ``(time.time(),
+    load())`` at the start; default: when the benchmark imported this module). A load near or above
+    the number of cores means other work shared the machine and slowed the timings."""
+    t0, load0 = START if start is None else start
+    return (f"Measured at commit {commit()}, started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(t0))}, "
+            f"{(time.time() - t0) / 60:.1f} min; 1-minute load average {load0} at the start and {load()} at the end "
+            f"({os.cpu_count()} cores; measured by os.getloadavg, nothing else was stopped).")
 
 
 def case_parser(description, cap, out):

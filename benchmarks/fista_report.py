@@ -123,7 +123,8 @@ def _gpu_speedups(parts):
 
 def gpu_section(gpu):
     L = ["## GPU", "",
-         f"`{gpu['command']}` on {gpu['machine']}; run {gpu['started']}, {gpu['minutes']:.1f} min. The same backend, "
+         f"`{gpu['command']}` on {gpu['machine']}; run {gpu['started']} at commit {gpu.get('commit', 'not recorded')}, "
+         f"{gpu['minutes']:.1f} min. The same backend, "
          "`ct.solve(problem, \"fista\", tol=1e-6, device=...)`, on the machine's CPU "
          f"({gpu['cpu_threads']} threads, float64) and on its GPU (float64; and float32 iterations with float64 "
          "certificates, to 1e-6 where float32 gets there, else the gap it reached); each time the best of up to "
@@ -239,15 +240,18 @@ def write(parts, out, figure, quick=False):
          "Ratios are peer time / fista time (> 1: fista is faster); `n.c.` means the peer never reached a "
          "certified 1e-6 (its best certified gap and longest run are shown; the ratio is then a lower bound).", "",
          f"- Machine: {first.get('machine', 'not run')}.",
-         "- Runs: one part per command, each alone on the machine (no other heavy work started while it ran; "
-         "the machine is shared with other sessions, so timings can be noisy); runs under 2 s are the best of 3:",
-         "", "| part | command | started | minutes | load average at start / end |", "|---|---|---|---:|---|"]
+         "- Runs: one part per command on a machine shared with other sessions (the 1-minute load average, "
+         "measured at the start and the end of each part, says how busy it was; timings can be noisy); runs under "
+         "2 s are the best of 3:",
+         "", "| part | command | commit | started | minutes | load average at start / end |",
+         "|---|---|---|---|---:|---|"]
     for name, p in parts.items():
-        L.append(f"| {name} | `{p['command']}` | {p['started']} | {p['minutes']:.1f} | {p['load0']} / {p['load1']} |")
+        L.append(f"| {name} | `{p['command']}` | {p.get('commit', 'not recorded')} | {p['started']} | "
+                 f"{p['minutes']:.1f} | {p['load0']} / {p['load1']} |")
     missing = [p for p in ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy")
                if p not in parts]
     if missing:
-        L.append(f"| {', '.join(missing)} | not run | | | |")
+        L.append(f"| {', '.join(missing)} | not run | | | | |")
     caps = first.get("caps", {})
     L += ["", "- Timed: fista = `solvers.proxgrad.ProxGrad.solve` end to end (numpy -> torch, Gram and Hessian "
           "matrices, every certificate check), float64, CPU, **one thread** (torch.set_num_threads(1): skglm, "
@@ -265,7 +269,8 @@ def write(parts, out, figure, quick=False):
           "materialised; fista never forms it.",
           "- Tokens: `x_ik = sqrt(1-rho) e_ik + sqrt(rho) s_i` with e, s i.i.d. N(0, I_d) (rho = 0.8: strongly "
           "correlated tokens); targets from a planted 3-token teacher plus noise. Every solve starts from Z = 0.",
-          ("- GPU: measured on " + _gpu_device(parts["gpu"]["machine"]) + ", section GPU." if "gpu" in parts else
+          (f"- GPU: measured on {_gpu_device(parts['gpu']['machine'])}, section GPU, at commit "
+           f"{parts['gpu'].get('commit', 'not recorded')} (the CPU parts: the table above)." if "gpu" in parts else
            "- **GPU: not yet measured.** No GPU was lent for this task; the CUDA code paths exist (`device=\"cuda\"`, "
            "data streamed in chunks when it does not fit) and their tests skip without one."), ""]
     if quick:

@@ -15,9 +15,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
-from common import DOCS, ROOT, load, machine, write_doc
+from common import DOCS, ROOT, machine, measured, write_doc
 
 from cvxtransformer.testing import write_planted_folder  # noqa: E402 (common puts the repository first)
 
@@ -125,7 +124,6 @@ def mib(b):
 
 
 def main():
-    start, load_start = time.perf_counter(), load()
     rows = []
     for case in CVXPY_CASES:
         r = run(CVXPY_SCRIPT, json.dumps(case))
@@ -146,9 +144,7 @@ def main():
         "# Memory at the edges: the CVXPY estimate, and streaming memory per sample",
         "",
         f"Machine: {machine(threads=1)}.",
-        f"Run: {time.strftime('%Y-%m-%d %H:%M')}, {(time.perf_counter() - start) / 60:.1f} min; load average "
-        f"{load_start} at the start and {load()} at the end (a shared machine: other jobs ran; memory figures do "
-        "not depend on load).",
+        f"{measured()} Memory figures do not depend on the load.",
         "",
         "Regenerate: `python benchmarks/memory.py`",
         "",

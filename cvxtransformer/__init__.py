@@ -18,7 +18,7 @@ Layers (each imports only the ones below it; see docs/architecture.md):
 The names below are loaded on first use, so that importing a lower layer never imports an
 upper one (and ``import cvxtransformer`` is instant).
 """
-import importlib
+import importlib as _importlib
 
 __version__ = "0.2.0"
 
@@ -40,7 +40,7 @@ _EXPORTS = {
     "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
     "cvxtransformer.comparison": ("Comparison", "compare"),
     "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "GatedMHSAClassifier", "GatedMHSARegressor",
-                                  "MHSAClassifier", "MHSARegressor"),
+                                  "MHSAClassifier", "MHSARegressor", "TokenStandardScaler"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -51,10 +51,11 @@ def __getattr__(name):
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'cvxtransformer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(list(globals()) + __all__)
+    """The public names: the exports, ``__version__`` and the submodules loaded so far (no helpers)."""
+    return sorted({name for name in globals() if not name.startswith("_")} | set(__all__) | {"__version__"})

@@ -36,20 +36,22 @@ import numpy as np
 from .core.errors import MissingDependencyError, invalid
 
 try:
-    from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+    from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, TransformerMixin
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.metrics import r2_score
+    from sklearn.preprocessing import StandardScaler
     from sklearn.utils.validation import check_is_fitted
 except ImportError:
     raise MissingDependencyError("cvxtransformer.estimators needs scikit-learn; "
                                  "pip install 'cvxtransformer[sklearn]'") from None
 
+from .core.losses import encode_classes
 from .core.problem import make_problem, parse_program
-from .core.validation import check_array, check_choice, check_int, check_positive, check_tol
+from .core.validation import check_array, check_choice, check_int, check_tol
 from .solving import solve
 
 __all__ = ["AttentionClassifier", "AttentionRegressor", "GatedMHSAClassifier", "GatedMHSARegressor", "MHSAClassifier",
-           "MHSARegressor"]
+           "MHSARegressor", "TokenStandardScaler"]
 SEQUENCE_PROGRAMS = {"mhsa": "MHSARegressor or MHSAClassifier", "gated_mhsa": "GatedMHSARegressor or GatedMHSAClassifier"}
 
 
@@ -72,17 +74,11 @@ class _ConvexEstimator(BaseEstimator):
         tol = check_tol(self.tol)
         gates = check_int("gates", getattr(self, "gates", 8), 1)
         gate_seed = check_int("gate_seed", getattr(self, "gate_seed", 0))
-        if self.beta is not None and self.beta_frac is not None:
-            raise invalid("beta, beta_frac", "one of them", "both", "set the other to None")
-        problem = make_problem(X, y, program=program, loss=loss, beta=1.0, gates=gates, gate_seed=gate_seed,
+        both_none = self.beta is None and self.beta_frac is None
+        problem = make_problem(X, y, program=program, loss=loss, beta=self.beta,
+                               beta_frac=0.1 if both_none else self.beta_frac, gates=gates, gate_seed=gate_seed,
                                n_classes=n_classes)
-        beta_max = float(problem.beta_max())
-        if self.beta is not None:
-            beta = check_positive("beta", self.beta)
-        else:
-            frac = check_positive("beta_frac", 0.1 if self.beta_frac is None else self.beta_frac)
-            beta = frac * beta_max if beta_max > 0 else frac  # beta_max = 0: Z = 0 for every beta > 0
-        problem = problem.with_beta(beta)
+        beta, beta_max = problem.beta, float(problem.beta_max())
         result = solve(problem, solver=self.solver, tol=tol, refine=self.refine)
         cert = result.certificate
         self.problem_, self.coef_, self.certificate_ = problem, result.Z, cert
@@ -174,19 +170,10 @@ class _Classifier(ClassifierMixin, _ConvexEstimator):
             if np.any(y != np.round(y)):
                 raise invalid("y", "class labels", "continuous values (non-integer floats)",
                               "use a regressor for real targets")
-        try:
-            classes, index = np.unique(y, return_inverse=True)
-        except TypeError:
-            raise invalid("y", "labels of one sortable type", "labels of mixed types") from None
-        k = len(classes)
-        if k < 2:
-            raise invalid("y", "at least 2 classes", f"{k} class", "a classifier needs two labels or more")
-        if loss == "logistic" and k != 2:
-            raise invalid("y", "2 classes for loss='logistic'", f"{k} classes", "use loss='cross_entropy'")
-        if loss == "logistic":
-            self._solve(X, 2.0 * index - 1.0, loss)
-        else:
-            self._solve(X, index, loss, n_classes=k)
+        codes, classes = encode_classes(y, loss)
+        if len(classes) < 2:
+            raise invalid("y", "at least 2 classes", "1 class", "a classifier needs two labels or more")
+        self._solve(X, codes, loss, n_classes=len(classes) if loss == "cross_entropy" else None)
         self.classes_ = classes
         return self
 
@@ -351,3 +338,53 @@ class GatedMHSAClassifier(_Classifier):
                  tol=1e-6, refine="auto"):
         self.loss, self.gates, self.gate_seed, self.beta, self.beta_frac = loss, gates, gate_seed, beta, beta_frac
         self.solver, self.tol, self.refine = solver, tol, refine
+
+
+class TokenStandardScaler(TransformerMixin, BaseEstimator):
+    """scikit-learn's ``StandardScaler`` for 3-d X (N, n, d), which ``StandardScaler`` refuses: each of
+    the d features is centred and scaled over every sample and token (the (N n, d) view of X), so
+    that a ``Pipeline`` can standardise X before an estimator of this module. New X may have another
+    number of tokens n.
+
+    Parameters
+    ----------
+    with_mean, with_std : bool, as for ``StandardScaler``
+
+    Attributes
+    ----------
+    scaler_ : the fitted ``StandardScaler`` of the (N n, d) view (``mean_``, ``scale_``)
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from sklearn.pipeline import make_pipeline
+    >>> X = 5.0 + 3.0 * np.random.default_rng(0).standard_normal((40, 4, 3))
+    >>> Z = TokenStandardScaler().fit_transform(X)
+    >>> bool(np.allclose(Z.reshape(-1, 3).mean(axis=0), 0) and np.allclose(Z.reshape(-1, 3).std(axis=0), 1))
+    True
+    >>> model = make_pipeline(TokenStandardScaler(), AttentionRegressor(program=8, beta_frac=0.05)).fit(X, X[:, 1, 0])
+    """
+
+    def __init__(self, with_mean=True, with_std=True):
+        self.with_mean, self.with_std = with_mean, with_std
+
+    def fit(self, X, y=None):
+        """Learn each feature's mean and standard deviation over the samples and tokens of ``X`` (N, n, d)."""
+        X = check_array("X", X, 3, "shape (N, n, d)")
+        self.scaler_ = StandardScaler(with_mean=self.with_mean, with_std=self.with_std).fit(X.reshape(-1, X.shape[2]))
+        return self
+
+    def transform(self, X):
+        """``X`` (N, n, d) with every feature standardised; the same shape."""
+        check_is_fitted(self, "scaler_")
+        X = check_array("X", X, 3, "shape (N, n, d)")
+        d = self.scaler_.n_features_in_
+        if X.shape[2] != d:
+            raise invalid("X", f"tokens of dimension d = {d}, as in fit", f"shape {X.shape}")
+        return self.scaler_.transform(X.reshape(-1, d)).reshape(X.shape)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.three_d_array = True
+        return tags

@@ -40,6 +40,7 @@ def tiny(tiny_path):
     return load_model(tiny_path)
 
 
+@pytest.mark.slow
 def test_windows_take_whole_sentences_per_split(tiny):
     tok, _ = tiny
     windows, spans = token_windows(tok, SENTENCES, n_tokens=5, counts=(2, 1, 1))
@@ -238,6 +239,7 @@ def minilm():
     return load_model()
 
 
+@pytest.mark.slow
 def test_minilm_data_file_and_a_tuned_comparison(minilm, tmp_path, capsys):
     """bert-data on MiniLM (a few sentences, seconds), checked against MiniLM's own hidden states,
     then read by compare --tune."""

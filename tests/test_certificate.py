@@ -86,6 +86,7 @@ def test_infeasible_dual_point_is_never_used(case):
         assert problem.dual_objective(T) > p_star
 
 
+@pytest.mark.slow
 def test_random_points_never_beat_weak_duality():
     for case in CASES:
         problem = random_problem(*case, seed=7)

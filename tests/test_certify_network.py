@@ -111,6 +111,7 @@ def test_network_11_trained_in_plain_torch(data):
     assert cert.network == "(11)" and cert.program == 12
 
 
+@pytest.mark.slow
 def test_network_5_trained_in_plain_torch(data):
     X, _ = data
     Y = X[:, :, :2] @ np.array([[1.0, 0.5], [-0.5, 1.0]]) + 0.1 * np.roll(X[:, :, :2], 1, axis=1)

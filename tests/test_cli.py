@@ -125,6 +125,7 @@ def test_verify_shape_mismatch(tmp_path, capsys, data):
     assert "RESULT: Z has shape (4, 3), program (10) on this data needs (2, 4, 3)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_entry_point_runs_without_traceback(tmp_path, data):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     bad = subprocess.run([sys.executable, "-m", "cvxtransformer", "solve", data["scalar"], "--program", "8",

@@ -91,6 +91,7 @@ def test_the_compression_of_a_memory_map_reads_chunks_of_rows(tmp_path, monkeypa
     assert mapped.const == pytest.approx(small.const, rel=1e-11)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap'd memory on Linux only")
 def test_clarabel_solves_a_memory_map_four_times_the_memory_limit(tmp_path):
     limit = 160 * 2**20  # above the estimate's fixed part (BYTES_FIXED, the interpreter's and CVXPY's own)

@@ -27,6 +27,7 @@ def compare(capsys, argv):
     return code, json.loads(out.out), out.err
 
 
+@pytest.mark.slow
 def test_compare_writes_plots_weights_and_json(data, capsys):
     out = data["tmp"] / "run"
     code, s, err = compare(capsys, [data["vector"], "--program", "10", "--loss", "squared", "--beta-frac", "0.2",
@@ -66,6 +67,7 @@ def test_compare_writes_plots_weights_and_json(data, capsys):
         assert f["Wq"].shape == f["Wk"].shape == f["Wv"].shape == (3, 3) and f["Wo"].shape == (3, 2)
 
 
+@pytest.mark.slow
 def test_the_reported_objective_is_the_saved_networks_objective(data, capsys):
     import cvxtransformer as ct
 
@@ -82,6 +84,7 @@ def test_the_reported_objective_is_the_saved_networks_objective(data, capsys):
     assert value >= ct.certify(problem, np.load(out / "convex_p10.npz")["Z"]).dual_objective
 
 
+@pytest.mark.slow
 def test_sequence_targets_program_12_defaults_and_text_output(data, capsys):
     out = data["tmp"] / "seq"
     code = main(["compare", data["sequence"], "--program", "12", "--loss", "squared", "--beta-frac", "0.3",
@@ -96,6 +99,7 @@ def test_sequence_targets_program_12_defaults_and_text_output(data, capsys):
     assert not (out / "test_loss.png").exists() and (out / "attention.png").exists()
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers(data, capsys):
     argv = [data["vector"], "--program", "8", "--loss", "squared", "--beta-frac", "0.3", "--steps", "30"]
     with np.load(data["vector"]) as f:
@@ -152,6 +156,7 @@ def test_data_errors(data, capsys):
     assert not any((data["tmp"] / f"o{i}").exists() for i in (1, 2, 3))
 
 
+@pytest.mark.slow
 def test_demo_reports_the_certified_gap_of_the_adam_trained_alternative_network(capsys):
     assert main(["demo", "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
@@ -161,6 +166,7 @@ def test_demo_reports_the_certified_gap_of_the_adam_trained_alternative_network(
     assert alt["objective"] >= s["dual_objective"] and alt["certified_gap"] > 0
 
 
+@pytest.mark.slow
 def test_the_api_and_the_command_give_the_same_numbers_on_the_same_seed(data, capsys):
     import cvxtransformer as ct
 
@@ -190,6 +196,7 @@ def test_the_api_and_the_command_give_the_same_numbers_on_the_same_seed(data, ca
     assert s["labels"] == d["labels"] and d["labels"]["alternative_m5"] == "alternative (9), m = 5"
 
 
+@pytest.mark.slow
 def test_a_classifier_reports_accuracy_and_one_attention_row_per_class(tmp_path):
     import cvxtransformer as ct
 

@@ -65,6 +65,7 @@ def test_choose_takes_the_smallest_finite_validation_score():
     assert tuning.choose([float("nan"), float("inf")]) == 0
 
 
+@pytest.mark.slow
 def test_tuned_report_is_recomputed_from_the_saved_weights_on_the_same_splits(data, capsys):
     out = data["tmp"] / "run"
     s = compare(capsys, data, out)
@@ -114,6 +115,7 @@ def test_tuned_report_is_recomputed_from_the_saved_weights_on_the_same_splits(da
         assert (out / name).read_bytes()[:4] == b"\x89PNG", name
 
 
+@pytest.mark.slow
 def test_the_test_split_never_influences_the_choice(data, capsys):
     """Run B has the validation split as its test split, with the targets negated: a choice made on
     the test split would pick the worst validation fit there. The validation scores and the choices
@@ -141,6 +143,7 @@ def test_the_test_split_never_influences_the_choice(data, capsys):
     assert a["beta"] == b["beta"]
 
 
+@pytest.mark.slow
 def test_no_test_number_is_computed_before_every_choice_is_made(data, capsys, monkeypatch):
     """The order of the protocol, observed: the test split reaches no training and no evaluation
     until the last validation choice."""
@@ -173,6 +176,7 @@ def test_no_test_number_is_computed_before_every_choice_is_made(data, capsys, mo
     assert events[last_choice + 1:].count("train on test") == 3 and "test" in events[last_choice + 1:]
 
 
+@pytest.mark.slow
 def test_fixed_mode_reports_loss_and_regulariser_apart_and_trains_the_convex_model(data, capsys):
     out = data["tmp"] / "fixed"
     code = main(["compare", data["path"], "--program", "10", "--loss", "squared", "--beta-frac", "0.1", "--steps",
@@ -189,6 +193,7 @@ def test_fixed_mode_reports_loss_and_regulariser_apart_and_trains_the_convex_mod
     assert conv["objective"] == pytest.approx(P.primal_objective(np.load(out / "convex.npz")["Z"]), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_distance_of_each_attention_map_to_the_teacher(data, capsys):
     teacher = np.full((4, 4), 0.1) + 0.6 * np.eye(4)
     path = data["tmp"] / "teacher.npz"

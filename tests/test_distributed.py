@@ -108,6 +108,7 @@ def _gathered(results, key, name):
     return np.concatenate(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_program_and_loss_matches_one_process(tmp_path, world):
     """Every (program, loss) certifies on ``world`` processes (N not divisible by them; with 3, one
@@ -172,6 +173,7 @@ def _features(rank):
     return out
 
 
+@pytest.mark.slow
 def test_screening_gram_newton_working_sets_and_budgets_work_across_shards(tmp_path):
     results, codes, _ = launch(tmp_path, 2, _features)
     assert codes == [0, 0] and "error" not in results[0], results.get(0, {}).get("trace")
@@ -225,6 +227,7 @@ ARGV = ["--program", "12", "--loss", "cross_entropy", "--gates", "3", "--beta-fr
         "--tol", "1e-10", "--json"]
 
 
+@pytest.mark.slow
 def test_torchrun_writes_the_single_process_result(data_dir):
     """``torchrun --nproc-per-node 2 -m cvxtransformer solve DIR ... --distributed``: rank 0 prints
     and writes the result file; Z, V and the certificate are those of the single-process solve."""
@@ -271,6 +274,7 @@ def _cli(rank, argv, fault):
     return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["exit", "raise", "hang"])
 def test_a_process_that_dies_raises_or_hangs_stops_every_process(data_dir, fault):
     result = str(data_dir / "result.npz")

@@ -579,6 +579,7 @@ def test_theorem_3_1_on_real_minilm_activations(minilm):
                 assert descends(attention_energy(Y, Wa), attention_energy(mm_step(Y, Wa), Wa))
 
 
+@pytest.mark.slow
 def test_minilm_measurement_is_consistent(minilm):
     tokenizer, model = minilm
     out = runs.run_pretrained(english_sentences(2, seed=0), tokenizer, model, max_tokens=24, name="minilm")

@@ -163,12 +163,13 @@ def test_classifier_maps_labels_and_matches_the_functional_api(make, labels):
 
 
 # ----------------------------------------------------------------------------- GridSearchCV
+@pytest.mark.slow
 def test_grid_search_over_beta_matches_a_loop_over_the_functional_api():
     rng = np.random.default_rng(5)
     X = rng.standard_normal((48, 4, 3))
     y = np.einsum("ikd,lkd->il", X, rng.standard_normal((2, 4, 3)) * (rng.random((2, 4, 1)) < 0.4))
     y = y + 0.5 * rng.standard_normal(y.shape)
-    beta_max = ct.make_problem(X, y, program=10).beta_max()
+    beta_max = ct.make_problem(X, y, program=10, beta=1.0).beta_max()
     betas = [0.01 * beta_max, 0.1 * beta_max, 0.6 * beta_max]
     folds = KFold(n_splits=3, shuffle=True, random_state=0)
     search = GridSearchCV(AttentionRegressor(program=10), {"beta": betas}, cv=folds).fit(X, y)
@@ -221,7 +222,7 @@ def test_init_stores_parameters_only_and_params_round_trip():
     (AttentionRegressor(tol=float("nan")), "real", r"tol: expected a relative gap"),
     (AttentionRegressor(beta=-1.0), "real", r"beta: expected a finite number > 0, got -1.0"),
     (AttentionRegressor(beta_frac=0), "real", r"beta_frac: expected a finite number > 0"),
-    (AttentionRegressor(beta=1.0, beta_frac=0.1), "real", r"beta, beta_frac: expected one of them, got both"),
+    (AttentionRegressor(beta=1.0, beta_frac=0.1), "real", r"beta, beta_frac: expected exactly one of them, got both"),
     (AttentionRegressor(program=9), "real", r"program: expected one of 8, 10, 12, 'mhsa', 'gated_mhsa', got 9"),
     (AttentionRegressor(program="mhsa"), "real", r"use MHSARegressor or MHSAClassifier"),
     (AttentionRegressor(solver="mosek"), "real", r"solver: expected 'auto' or one of \['clarabel', 'fista', 'scs'\], got 'mosek'"),
@@ -231,7 +232,7 @@ def test_init_stores_parameters_only_and_params_round_trip():
     (AttentionRegressor(), "text", r"y: expected real targets, got non-numeric values"),
     (AttentionClassifier(loss="squared"), "labels", r"loss: expected one of 'logistic', 'cross_entropy'"),
     (AttentionClassifier(program=8), "labels", r"loss: expected one of \('squared', 'logistic'\) for program \(8\)"),
-    (AttentionClassifier(loss="logistic"), "labels", r"y: expected 2 classes for loss='logistic', got 3 classes"),
+    (AttentionClassifier(loss="logistic"), "labels", r"y: expected 2 classes for the logistic loss, got 3 classes"),
     (AttentionClassifier(), "one class", r"y: expected at least 2 classes, got 1 class"),
     (AttentionClassifier(), "real", r"y: expected class labels, got continuous values"),
     (AttentionClassifier(), "column", r"y: expected labels of shape \(N,\), got shape \(20, 1\)"),
@@ -287,6 +288,7 @@ def test_beta_at_or_above_beta_max_gives_zero_without_a_solve():
 
 
 # ----------------------------------------------------------------------------- packaging
+@pytest.mark.slow
 def test_scikit_learn_stays_optional():
     """Importing and using the package imports no scikit-learn; without it, the estimators say what to install."""
     code = ("import sys\n"
@@ -384,7 +386,7 @@ CANNOT_APPLY = {
     # classifiers with the logistic loss, and program (8) (scalar output) only:
     "check_classifier_not_supporting_multiclass": (
         "matches scikit-learn's wording 'Only binary classification is supported.'",
-        r"y: expected 2 classes for loss='logistic', got 3 classes; use loss='cross_entropy'"),
+        r"y: expected 2 classes for the logistic loss, got 3 classes; use the cross_entropy loss"),
     "check_supervised_y_2d": ("a column y (N, 1) is refused with a message instead of raveled with a warning "
                               "(classifiers, and program (8), whose output is a scalar)",
                               r"y: expected (labels of shape \(N,\)|shape \(N,\) for program \(8\) \(scalar "
@@ -420,6 +422,7 @@ def test_checks_that_need_no_data_pass_on_the_estimators(model):
     assert [r["check_name"] for r in results] == ["check_estimator_cloneable"]  # and no other
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [
     OneTokenAttentionRegressor(), OneTokenAttentionRegressor(program=8),
     OneTokenAttentionRegressor(program=12, gates=3),

@@ -158,6 +158,7 @@ def test_sigma_and_D_enter_as_one_over_sigma_sqrt_D():
     np.testing.assert_allclose(e.transform(x)[:, :9], c.transform(x) * math.sqrt(9 / 16), rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("g", ["gaussian", "chi"])
 def test_expected_squared_norm_matches_formula(g):
     """E ||phi(x)||^2 = d_pad ||x||^2 / sigma^2 over the random factors (Monte Carlo, 4 s.e.)."""

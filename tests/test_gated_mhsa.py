@@ -139,6 +139,7 @@ def test_recovered_network_in_numpy_and_torch_equals_P(case):
     np.testing.assert_allclose(net.effective_coefficients(), result.Z, atol=1e-10 * np.abs(result.Z).max())
 
 
+@pytest.mark.slow
 def test_adam_with_enough_heads_reaches_the_optimum_and_one_head_cannot():
     problem = random_problem("gated_mhsa", "squared", "sequence", seed=7, N=30, n=3, d=3, gates=2, frac=0.2)
     result = ct.solve(problem, "clarabel", tol=1e-9, refine=True)
@@ -232,7 +233,7 @@ def test_command_line_solve_and_verify_with_gates_in_data_and_result(tmp_path, c
         np.save(folder / f"{name}.npy", a)
     assert main(["solve", str(folder), *args, "--json", "--no-refine"]) in (0, 1)
     assert json.loads(capsys.readouterr().out)["beta_max"] == pytest.approx(
-        ct.make_problem(X, y, program="gated_mhsa", H=saved["H"][:2]).beta_max(), rel=1e-12)
+        ct.make_problem(X, y, program="gated_mhsa", H=saved["H"][:2], beta=1.0).beta_max(), rel=1e-12)
 
 
 def test_estimators_match_the_functional_api():
@@ -242,13 +243,13 @@ def test_estimators_match_the_functional_api():
     rng = np.random.default_rng(1)
     X, y = rng.standard_normal((40, 4, 3)), rng.standard_normal((40, 4, 2))
     model = GatedMHSARegressor(gates=3, gate_seed=2, beta_frac=0.2).fit(X, y)
-    problem = ct.make_problem(X, y, program="gated_mhsa", gates=3, gate_seed=2)
+    problem = ct.make_problem(X, y, program="gated_mhsa", gates=3, gate_seed=2, beta=1.0)
     reference = ct.solve(problem.with_beta(0.2 * problem.beta_max()))
     np.testing.assert_allclose(model.coef_, reference.Z, atol=1e-12)
     assert model.certificate_.certified and model.coef_.shape == (3, 9, 6)
     X6 = rng.standard_normal((5, 6, 3))  # another number of tokens
-    expected = ct.make_problem(X6, np.zeros((5, 6, 2)), program="gated_mhsa", H=problem.program.H).program.forward(
-        model.coef_)
+    expected = ct.make_problem(X6, np.zeros((5, 6, 2)), program="gated_mhsa", H=problem.program.H,
+                               beta=1.0).program.forward(model.coef_)
     np.testing.assert_allclose(model.predict(X6), expected.reshape(5, 6, 2), rtol=1e-12)
     labels = np.where(X[:, :, 0].sum(axis=1) > 0, "yes", "no")
     clf = GatedMHSAClassifier(loss="logistic", gates=2, beta_frac=0.1).fit(X, labels)
@@ -323,6 +324,7 @@ def test_compare_trains_the_gated_and_relu_networks_against_the_certified_bound(
         run.objective - out.certificate.primal_objective, rel=1e-12) for run in relu)
     files = out.save(tmp_path)
     assert "singular_values.png" in files and (tmp_path / "singular_values.png").stat().st_size > 0
+    np.testing.assert_array_equal(np.load(tmp_path / "convex_gated_mhsa.npz")["Z"], out.solutions["gated_mhsa"].Z)
     assert np.load(tmp_path / f"gated_mhsa_m{r}.npz")["H"].shape == problem.program.H.shape
 
 

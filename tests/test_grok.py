@@ -56,6 +56,7 @@ def check_run_dir(path, layers, model):
     return m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, layers, model", [
     (["--modulus", "97", "--layers", "2", "--model", "convex"], 2, "convex"),
     (["--modulus", "15", "--layers", "1", "--model", "standard"], 1, "standard"),
@@ -74,6 +75,7 @@ def test_grok_quick(tmp_path, capsys, args, layers, model):
     assert m["config"]["layers"] == layers and m["config"]["model"] == model
 
 
+@pytest.mark.slow
 def test_grok_suite_quick(tmp_path, capsys):
     out = str(tmp_path / "suite")
     # two of the four settings keep the test short; every figure is still drawn
@@ -94,6 +96,7 @@ def test_grok_suite_quick(tmp_path, capsys):
     assert s["claims"]["mod97_second_layer_helps_convex"] is None          # p = 97, L = 2 not run
 
 
+@pytest.mark.slow
 def test_kernel_quick(tmp_path, capsys):
     out = str(tmp_path / "kernel")
     assert main(["kernel", "--quick", "--out-dir", out]) == 0
@@ -121,6 +124,7 @@ def load_report():
     return report
 
 
+@pytest.mark.slow
 def test_reproduction_report_collects_the_runs(tmp_path, capsys):
     report = load_report()
     runs, docs = tmp_path / "runs", tmp_path / "docs"
@@ -153,6 +157,7 @@ def test_reproduction_report_collects_the_runs(tmp_path, capsys):
     assert "| `convex` | 0 | 0/1 |" in text2.split("## ladder")[1]          # the aggregate table
 
 
+@pytest.mark.slow
 def test_spectral_quick(tmp_path):
     out = str(tmp_path / "spectral")
     assert main(["spectral", "--quick", "--out-dir", out]) == 0
@@ -257,6 +262,7 @@ def test_rank_measures():
     assert t.summary()["B"]["effective_rank"] == pytest.approx([1.0, 1.0])
 
 
+@pytest.mark.slow
 def test_reuse_loads_a_finished_run_instead_of_training(tmp_path, capsys):
     out = str(tmp_path / "suite")
     argv = ["grok-suite", "--quick", "--settings", "15:1", "--models", "convex", "--out-dir", out]

@@ -30,6 +30,7 @@ def test_quick_fills_only_the_options_not_given(command):
     assert (plain.steps, plain.dim, plain.gates) == (12, 128, 8)
 
 
+@pytest.mark.slow
 def test_grok_quick_with_explicit_steps_prints_plain_words(tmp_path, capsys):
     out = str(tmp_path / "run")
     assert main(["grok", "--quick", "--steps", "12", "--modulus", "11", "--out-dir", out]) == 0
@@ -78,6 +79,7 @@ def test_metrics_match_an_independent_computation(model):
     assert m["n_test_zero"] == int((~nz).sum()) and m["n_test_nonzero"] == int(nz.sum())
 
 
+@pytest.mark.slow
 def test_ladder_quick_aggregates_seeds_and_draws(tmp_path, capsys):
     out = tmp_path / "ladder"
     assert main(["grok-ladder", "--quick", "--models", "convex,relu", "--seeds", "0,1", "--modulus", "11",
@@ -97,6 +99,7 @@ def test_ladder_quick_aggregates_seeds_and_draws(tmp_path, capsys):
     assert capsys.readouterr().out.count("reusing the finished run") == 4
 
 
+@pytest.mark.slow
 def test_grok_gates_quick(tmp_path, capsys):
     teacher = str(tmp_path / "teacher")
     assert main(["grok", "--quick", "--model", "relu", "--modulus", "7", "--save-weights", "--out-dir", teacher]) == 0
@@ -192,6 +195,7 @@ def fake_run(model, layers, seed=0, modulus=97):
                                                               "top_singular_values": [[3, 2], [2, 1], [1, 1]]}}})
 
 
+@pytest.mark.slow
 def test_figures_name_the_task_and_keep_styles_apart(tmp_path):
     runs = [fake_run(m, L) for m in ("convex", "standard") for L in (1, 2)] + [fake_run("convex", 1, seed=1)]
     fig = plots.plot_accuracy(runs, str(tmp_path / "a.png"), "Figure 5")

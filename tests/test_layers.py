@@ -80,6 +80,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", LAYERS)
 def test_a_layer_needs_no_layer_above_it(layer):
     roots, blocked = LAYERS[layer]

@@ -116,6 +116,7 @@ def test_recovered_network_in_numpy_and_torch_equals_P(case):
     np.testing.assert_allclose(net.effective_coefficients(), result.Z, atol=1e-10 * np.abs(result.Z).max())
 
 
+@pytest.mark.slow
 def test_adam_with_enough_heads_reaches_the_optimum_and_one_head_cannot():
     problem = random_problem("mhsa", "squared", "sequence", seed=7, N=30, n=3, d=3, frac=0.2)
     result = ct.solve(problem, "clarabel", tol=1e-9, refine=True)
@@ -153,6 +154,7 @@ def test_path_and_rank_screening_are_safe():
     assert any(point.screened > 0 for point in path)
 
 
+@pytest.mark.slow
 def test_command_line_solve_verify_compare(tmp_path, capsys):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((30, 4, 3))

@@ -160,6 +160,7 @@ def test_errors_name_the_argument():
         AlternativeAttention(2, 1, 1, 1).encode_inputs(np.ones((3, 2, 2)))
     with pytest.raises(ct.InvalidInputError, match="c: expected a multiple of n"):
         SoftmaxAttention(4, 2, 6, sequence=True)
-    weights = ct.recover_weights(ct.make_problem(np.ones((3, 2, 2)), np.ones((3, 1)), program=10), np.ones((1, 2, 2)))
+    weights = ct.recover_weights(ct.make_problem(np.ones((3, 2, 2)), np.ones((3, 1)), program=10, beta=1.0),
+                                 np.ones((1, 2, 2)))
     with pytest.raises(ct.InvalidInputError, match="weights.gate"):
         GatedAttention.from_weights(weights, np.ones((1, 2)), np.ones((1, 2)))

@@ -257,6 +257,7 @@ def solve_under_memory_limit(folder, limit, solver, loss="squared"):
     return run.stdout.strip().splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA bounds mmap'd memory on Linux only")
 @pytest.mark.parametrize("loss", ["squared", "logistic"])
 def test_a_memory_map_four_times_the_memory_limit_is_solved_and_certified(tmp_path, loss):

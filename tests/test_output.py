@@ -26,6 +26,7 @@ def data(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["solve", "DATA", *CORE, "--solver", "fista", "--json"], ["compare", "--help"]])
 def test_a_closed_pipe_ends_quietly(data, argv):
     """The reader goes away before the command writes (``| head``): no traceback, the exit code of SIGPIPE."""
@@ -122,6 +123,7 @@ def test_the_heartbeat_repeats_until_the_block_ends():
     assert len(stream.getvalue().splitlines()) == len(lines)  # stopped with the block
 
 
+@pytest.mark.slow
 def test_string_labels_are_mapped_as_the_estimators_map_them(tmp_path, capsys):
     X = np.random.default_rng(1).standard_normal((45, 4, 3))
     codes = np.digitize(X[:, 0, 0], [-0.4, 0.4])  # 0, 1, 2

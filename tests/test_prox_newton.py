@@ -230,6 +230,7 @@ def test_a_low_precision_model_that_gives_no_step_is_built_again_in_the_working_
     assert sum(steps) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", NEWTON_CASES, ids=case_id)
 def test_float32_at_its_floor_stops_in_a_few_newton_steps(case):
     """float32 asked for a gap it cannot certify (1e-9): once the Newton steps stop lowering the gap
@@ -283,6 +284,7 @@ def _newton_on_shards(rank):
     return out
 
 
+@pytest.mark.slow
 def test_newton_on_two_processes_takes_the_same_steps_as_one(tmp_path):
     results, codes, _ = launch(tmp_path, 2, _newton_on_shards)
     assert codes == [0, 0] and "error" not in results[0], results.get(0, {}).get("trace")

@@ -151,6 +151,7 @@ def test_no_refinement_raises_a_bound_above_the_optimum(case):
                 if cert.dual_objective > 0 else cert.relative_gap == np.inf and not cert.certified), name
 
 
+@pytest.mark.slow
 def test_refinement_is_bounded_in_time_and_reported():
     problem = random_problem(12, "cross_entropy", "classes", seed=3, N=3000, n=6, d=5, gates=16, frac=0.02)
     rough = ct.solve(problem, "fista", tol=1e-3, refine=False).Z

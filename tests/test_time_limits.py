@@ -59,6 +59,7 @@ def files(tmp_path_factory):
     return {k: str(v) for k, v in paths.items()}
 
 
+@pytest.mark.slow
 def test_the_commands_that_hung_return_at_once_with_one_line_naming_the_array(files):
     """``solve --solver fista --time-limit 5 --max-iter 50`` on X of 1e100 (1e150 with --beta-frac)
     never returned, nor ``verify`` of a Z of 1e300 with --refine-time 5 (or it raised an

@@ -27,6 +27,7 @@ def independent_lower_bound(problem, Z):
     return float(np.sum(V * T) - 0.5 * np.sum(V * V))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_adam_never_reports_an_objective_below_the_certified_bound(seed):
     problem = random_problem(10, "squared", "vector", seed=seed, N=40, n=4, d=3)

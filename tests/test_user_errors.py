@@ -223,6 +223,7 @@ def test_solve_out_follows_the_umask(tmp_path, capsys, data, umask, mask):
     assert code == 0 and stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
 
 
+@pytest.mark.slow
 def test_experiment_outputs_follow_the_umask(tmp_path, capsys, umask):
     """grok writes JSON, .npz and PNG files through core/io; 0o027 tells them from 0o600 and 0o644."""
     umask(0o027)
@@ -524,6 +525,7 @@ def test_readme_says_how_to_install_the_cpu_build_of_torch():
 
 
 # ----------------------------------------------------------------------------- 11. compare's plots
+@pytest.mark.slow
 def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, capsys, data, umask, monkeypatch):
     """One short compare run: legends use the CLI's model names, lines carry no unexplained marker,
     time axes use a LogLocator, attention panels are labelled; its files follow the umask (item 4)."""

@@ -8,6 +8,7 @@ import time, so ``--help`` is instant; numpy, cvxpy and torch are imported when 
 """
 import argparse
 import contextlib
+import difflib
 import os
 import re
 import signal
@@ -21,7 +22,8 @@ from . import bert_data, compare, convex
 
 COMMANDS = {
     "solve": (convex.configure_solve, convex.run_solve,
-              "solve a convex program (group lasso (8)/(10)/(12) or nuclear norm 'mhsa') and print its certificate"),
+              "solve a convex program (group lasso (8)/(10)/(12), nuclear norm 'mhsa' or 'gated_mhsa') "
+              "and print its certificate"),
     "verify": (convex.configure_verify, convex.run_verify, "certify a given solution Z, from any solver"),
     "demo": (convex.configure_demo, convex.run_demo,
              "the built-in default: solve and certify program (10) on student-teacher data, then train network (9)"),
@@ -59,6 +61,25 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        if args is not None and self._subparsers is None:  # a command's options: a typo is named first
+            self._check_option_names(args)
+        return super().parse_known_args(args, namespace)
+
+    def _check_option_names(self, args):
+        """A ``--name`` that is no option of this command (nor a prefix of one, which argparse takes) is
+        an error that names it and the closest option (``--beta_frac``: did you mean ``--beta-frac``?),
+        before argparse would report a required option as missing."""
+        known = [name for name in self._option_string_actions if name.startswith("--")]
+        for token in args:
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if not name.startswith("--") or any(option.startswith(name) for option in known):
+                continue
+            close = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.6)
+            self.error(f"unrecognized argument {name}" + (f": did you mean {close[0]}?" if close else ""))
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):

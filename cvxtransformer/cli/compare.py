@@ -42,7 +42,8 @@ error writes nothing.
 
 Outputs in ``--out-dir``: ``<run>.npz`` (trained weights, with ``objective_history`` and
 ``seconds_history``; ``<run>`` is the model, or ``<model>_m<heads>`` with several head counts),
-``convex_p<program>.npz`` (the convex solutions, as ``solve --out``), ``compare.json`` (what
+``convex_p<program>.npz`` (the convex solutions, as ``solve --out``: ``convex_p10.npz``, ``convex_mhsa.npz``,
+``convex_gated_mhsa.npz``), ``compare.json`` (what
 ``--json`` prints), ``objective.png``, ``attention.png`` (group-lasso programs; with the teacher's
 map when DATA holds ``teacher_attention``, as ``cvxtransformer bert-data`` writes),
 ``singular_values.png`` (``mhsa``; ``gated_mhsa``: one panel per gate), ``tuning.png`` (``--tune``) and, when DATA holds ``X_test``
@@ -158,7 +159,7 @@ def prepare(args):
     for split in ("test", "val"):
         if f"y_{split}" in data and classes is not None:
             data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
-    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"))
+    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"), tuned=grid is not None)
     return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
                 tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,

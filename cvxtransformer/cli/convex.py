@@ -21,10 +21,15 @@ def format_certificate(s):
     verdict = ("CERTIFIED" + (" (gap <= atol)" if by == "absolute" else "") if s["certified"]
                else "NOT CERTIFIED (" + (s.get("note") or "relative gap above tol") + ")")
     program = NAMES.get(s["program"], f"program ({s['program']})")
+    if s.get("given_Z"):  # verify: Z read from a file; how it was solved, where RESULT's summary says
+        how = f"{s['given_Z']}" + (f" (solved by {s['solver']}, {s['form']} form)" if s.get("solver") else "")
+        head = f"{program}, {s['loss']} loss, Z from {how}"
+    else:
+        head = (f"{program}, {s['loss']} loss, {s['form']} form"
+                + (f" ({s['formulation']} formulation)" if s.get("formulation") else "") + f", solver {s['solver']}"
+                + (f" ({s['solver_choice']})" if s.get("solver_choice") else ""))
     lines = [
-        f"{program}, {s['loss']} loss, {s['form']} form"
-        + (f" ({s['formulation']} formulation)" if s.get("formulation") else "") + f", solver {s['solver']}"
-        + (f" ({s['solver_choice']})" if s.get("solver_choice") else ""),
+        head,
         _line("beta", f"{s['beta']:.6g}"),
         _line("beta_max", f"{s['beta_max']:.6g}", "Z = 0 is optimal from here on"),
         _line("solver status", s["status"]),
@@ -65,10 +70,14 @@ def format_certificate(s):
     return "\n".join(lines)
 
 
-def _print(args, summary):
+def _print(args, summary, out=None):
+    """The summary (``--json``) or the certificate; ``out``: the file written, named as compare names its
+    files (``"out"`` in the JSON, a last ``wrote`` line in the text)."""
     from ..core.io import dumps
 
-    print(dumps(summary) if args.json else format_certificate(summary))
+    if out:
+        summary = dict(summary, out=out)
+    print(dumps(summary) if args.json else format_certificate(summary) + (f"\nwrote {out}" if out else ""))
 
 
 def _refine_arguments(p):
@@ -146,7 +155,7 @@ def run_solve(args):
     if args.out:
         result.save(args.out, fingerprint=_fingerprint(data, data.fingerprint(), problem),
                     **({} if classes is None else {"classes": classes}))
-    _print(args, _with_classes(result.summary(), classes, args.loss))
+    _print(args, _with_classes(result.summary(), classes, args.loss), args.out)
     return 0 if result.certified else 1
 
 
@@ -220,7 +229,7 @@ def _solve_distributed(args, options, rank):
                            "launch every process with the same options")
     data = distributed.agree(open_data, args.data)
     distributed.agree(lambda: rank == 0 and args.out and check_output_file(args.out, "--out"))
-    local = argparse.Namespace(**dict(vars(args), beta_frac=None))  # beta_max is known once sharded
+    local = argparse.Namespace(**dict(vars(args), beta=args.beta or 1.0, beta_frac=None))  # beta_max: once sharded
 
     def build(X, y, U1, U2, max_label):
         if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
@@ -229,7 +238,7 @@ def _solve_distributed(args, options, rank):
 
     problem = distributed.shard_data(data, build)
     if args.beta_frac is not None:
-        problem = problem.with_beta(args.beta_frac * problem.beta_max())
+        problem = problem.with_beta_frac(args.beta_frac)
     result = solve(problem, solver="fista", tol=args.tol, atol=args.atol, verbose=args.verbose,
                    refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
     V = problem.program.shards.gather_rows(result.V)
@@ -243,7 +252,7 @@ def _solve_distributed(args, options, rank):
         result = dataclasses.replace(result, V=V)
         if args.out:
             result.save(args.out, fingerprint=_fingerprint(data, [p for mine in pieces for p in mine], problem))
-        _print(args, dict(result.summary(), processes=dist.get_world_size()))
+        _print(args, dict(result.summary(), processes=dist.get_world_size()), args.out)
     return 0 if result.certified else 1
 
 
@@ -285,7 +294,9 @@ def run_verify(args):
     V = res.get("V")
     if V is not None:
         V = problem.program.check_V(V, "RESULT: V")
-    summary = {"program": problem.program.name, "loss": args.loss, "form": "given", "solver": "none"}
+    solved = _solved_by(res)
+    summary = {"program": problem.program.name, "loss": args.loss, "given_Z": args.result,
+               "form": solved.get("form"), "solver": solved.get("solver")}
     if gates is not None:
         summary["gates"] = gates
     if fingerprint is None:
@@ -312,6 +323,17 @@ def run_verify(args):
     summary["status"] = "none (a given Z)"
     _print(args, _with_classes(summary, classes, args.loss))
     return 0 if cert.certified else 1
+
+
+def _solved_by(res):
+    """RESULT's own summary (``solve --out`` stores it), if it holds one that reads: how Z was solved."""
+    import json
+
+    try:
+        solved = json.loads(str(res["summary"]))
+    except (KeyError, ValueError):
+        return {}
+    return {k: solved[k] for k in ("form", "solver") if isinstance(solved, dict) and isinstance(solved.get(k), str)}
 
 
 def _stored_beta(a):

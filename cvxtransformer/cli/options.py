@@ -70,9 +70,10 @@ def add_problem_arguments(p, program_help=PROGRAM_HELP):
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None):
+def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None, tuned=False):
     """The problem of the parsed options on (X, y); validates option combinations first. Gates (``U1``,
-    ``U2``, ``H``, e.g. from DATA) are passed on to the programs that take them."""
+    ``U2``, ``H``, e.g. from DATA) are passed on to the programs that take them. ``tuned``: every beta
+    comes from a grid (``compare --tune``), which sets it on this problem; built at beta = 1 meanwhile."""
     from ..core.errors import InvalidInputError
     from ..core.problem import make_problem
     from ..core.registry import family
@@ -82,11 +83,9 @@ def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None):
         raise InvalidInputError(f"--classes: only for --loss cross_entropy, got --loss {args.loss}; leave it out")
     taken = family(program).options
     gates = {k: v for k, v in dict(U1=U1, U2=U2, H=H).items() if k in taken}
-    problem = make_problem(X, y, program=program, loss=args.loss, beta=1.0 if args.beta is None else args.beta,
-                           gates=args.gates, gate_seed=args.gate_seed, n_classes=args.classes, **gates)
-    if args.beta_frac is not None:
-        problem = problem.with_beta(args.beta_frac * problem.beta_max())
-    return problem
+    beta, beta_frac = (1.0, None) if tuned else (args.beta, args.beta_frac)
+    return make_problem(X, y, program=program, loss=args.loss, beta=beta, beta_frac=beta_frac,
+                        gates=args.gates, gate_seed=args.gate_seed, n_classes=args.classes, **gates)
 
 
 def encode_labels(y, loss, classes=None, role="y"):
@@ -95,33 +94,11 @@ def encode_labels(y, loss, classes=None, role="y"):
     for logistic. ``classes``: the mapping of the training labels, for another split (or a stored
     RESULT). Returns ``(y, classes)``; numeric labels without ``classes`` come back as they are, with
     ``classes`` None."""
-    import numpy as np
+    from ..core.losses import are_class_labels, encode_classes
 
-    from ..core.errors import InvalidInputError
-
-    y = np.asarray(y)
-    if classes is None and y.dtype.kind in "biuf":
+    if classes is None and not are_class_labels(y):
         return y, None
-    if loss not in ("cross_entropy", "logistic"):
-        raise InvalidInputError(f"{role}: expected numeric targets for the {loss} loss, got labels of dtype "
-                                f"{y.dtype}; class labels need --loss cross_entropy or logistic")
-    if y.ndim != 1:
-        raise InvalidInputError(f"{role}: expected one label per sample, shape (N,), got shape {y.shape}")
-    if classes is None:
-        classes, index = np.unique(y, return_inverse=True)
-    else:
-        classes = np.asarray(classes)
-        unknown = ~np.isin(y, classes)
-        if unknown.any():
-            raise InvalidInputError(f"{role}: labels {np.unique(y[unknown])[:5].tolist()} are not among the "
-                                    f"classes {classes.tolist()} of the training labels")
-        index = np.searchsorted(classes, y)
-    if loss == "logistic":
-        if len(classes) != 2:
-            raise InvalidInputError(f"{role}: expected 2 classes for the logistic loss, got {len(classes)}; "
-                                    "use --loss cross_entropy")
-        return 2 * index - 1, classes
-    return index, classes
+    return encode_classes(y, loss, classes, role)
 
 
 def class_mapping(classes, loss):

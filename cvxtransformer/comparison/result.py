@@ -227,14 +227,15 @@ class Comparison:
 
     def save(self, folder, **extra):
         """Write into ``folder``: ``<run>.npz`` per model (weights, ``objective_history``,
-        ``seconds_history``), ``convex_p<program>.npz`` (as ``solve --out``), the plots of :meth:`plot`
+        ``seconds_history``), ``convex_p<program>.npz`` (``convex_p10.npz``; ``convex_mhsa.npz``,
+        ``convex_gated_mhsa.npz``; as ``solve --out``), the plots of :meth:`plot`
         and ``compare.json`` (:meth:`summary`, with the ``extra`` entries); returns the file names."""
         from ..core.io import prepare_out_dir, save_npz, write_json
 
         prepare_out_dir(folder, "folder")
         files = []
         for p, result in self.solutions.items():
-            files.append(f"convex_p{p}.npz")
+            files.append(f"convex_p{p}.npz" if isinstance(p, int) else f"convex_{p}.npz")  # convex_gated_mhsa.npz
             result.save(os.path.join(folder, files[-1]))
         for name, r in self.models.items():
             arrays = r.network.arrays()

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .arrays import F64, numpy_face, to_numpy, to_tensor
-from .errors import invalid
+from .errors import InvalidInputError, invalid
 from .validation import check_allocation, check_int
 
 
@@ -349,3 +349,49 @@ def get_loss(loss):
     if isinstance(loss, str) and loss.replace("-", "_") in LOSSES:
         return LOSSES[loss.replace("-", "_")]()
     raise invalid("loss", f"one of {sorted(LOSSES)}", repr(loss))
+
+
+def are_class_labels(y):
+    """Whether targets are class labels to map (strings, booleans, objects), not numbers."""
+    try:
+        return np.asarray(y).dtype.kind not in "iufc"
+    except ValueError:  # ragged: the array checks name it
+        return False
+
+
+def encode_classes(y, loss, classes=None, name="y"):
+    """Class labels of any kind (strings, ints, ...) mapped to the loss's labels: the classes sorted,
+    ``classes[k] -> k`` for ``"cross_entropy"``, ``classes[0] -> -1`` and ``classes[1] -> +1`` for
+    ``"logistic"``. With ``classes`` (the training labels' classes, or a stored RESULT's), labels of
+    another split are mapped the same way. Returns ``(codes, classes)``. The one mapping of
+    ``make_problem``, the command line and the estimators.
+
+    >>> codes, classes = encode_classes(["dog", "cat", "dog"], "logistic")
+    >>> codes.tolist(), classes.tolist()
+    ([1, -1, 1], ['cat', 'dog'])
+    """
+    y = np.asarray(y)
+    loss = get_loss(loss).name
+    if loss not in ("cross_entropy", "logistic"):
+        raise invalid(name, f"numeric targets for the {loss} loss", f"labels of dtype {y.dtype}",
+                      "class labels need the cross_entropy or logistic loss")
+    if y.ndim != 1:
+        raise invalid(name, "one label per sample, shape (N,)", f"shape {y.shape}")
+    if classes is None:
+        try:
+            classes, index = np.unique(y, return_inverse=True)
+        except TypeError:
+            raise invalid(name, "labels of one sortable type", "labels of mixed types") from None
+    else:
+        classes = np.asarray(classes)
+        unknown = ~np.isin(y, classes)
+        if unknown.any():
+            raise InvalidInputError(f"{name}: labels {np.unique(y[unknown])[:5].tolist()} are not among the "
+                                    f"classes {classes.tolist()} of the training labels")
+        index = np.searchsorted(classes, y)
+    if loss == "logistic":
+        if len(classes) != 2:
+            raise invalid(name, "2 classes for the logistic loss", f"{len(classes)} classes",
+                          "use the cross_entropy loss")
+        return 2 * index - 1, classes
+    return index, classes

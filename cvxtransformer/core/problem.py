@@ -13,9 +13,9 @@ import numpy as np
 from .data import file_backed
 from .errors import invalid
 from .fingerprint import fingerprint
-from .losses import get_loss
+from .losses import are_class_labels, encode_classes, get_loss
 from .registry import families, family
-from .validation import check_array, check_beta, check_scale
+from .validation import check_array, check_beta, check_positive, check_scale
 
 GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
 
@@ -30,10 +30,12 @@ class ConvexProblem:
     loss : :class:`~cvxtransformer.core.losses.Loss`
     T : ndarray of shape (N, n_outputs), the encoded targets
     regularizer : :class:`~cvxtransformer.core.regularizers.GroupLasso` or ``NuclearNorm``, with beta
+    classes : ndarray or None, the sorted class labels that :func:`make_problem` mapped (``classes[k] -> k``
+        for cross-entropy, ``classes[0] -> -1``, ``classes[1] -> +1`` for logistic); None for numeric targets
     """
 
-    def __init__(self, program, loss, T, regularizer):
-        self.program, self.loss, self.T, self.regularizer = program, loss, T, regularizer
+    def __init__(self, program, loss, T, regularizer, classes=None):
+        self.program, self.loss, self.T, self.regularizer, self.classes = program, loss, T, regularizer, classes
         self._beta_max = None
         self._mapped = {}  # name -> (array, its fingerprint) of memory-mapped data (checked by check_data)
 
@@ -84,9 +86,18 @@ class ConvexProblem:
 
     def with_beta(self, beta):
         """The same data, program and loss with another beta (shares the program)."""
-        other = ConvexProblem(self.program, self.loss, self.T, self.regularizer.with_beta(check_beta(beta)))
+        other = ConvexProblem(self.program, self.loss, self.T, self.regularizer.with_beta(check_beta(beta)),
+                              self.classes)
         other._beta_max, other._mapped = self._beta_max, self._mapped
         return other
+
+    def with_beta_frac(self, beta_frac):
+        """The same problem with ``beta = beta_frac * beta_max()`` (``beta_frac`` itself when beta_max is 0:
+        then Z = 0 is optimal for every beta > 0). ``beta_frac >= 1`` gives Z = 0. The one place
+        ``make_problem``, the command line's ``--beta-frac`` and the estimators' ``beta_frac`` compute beta."""
+        beta_frac = check_positive("beta_frac", beta_frac)
+        beta_max = float(self.beta_max())
+        return self.with_beta(beta_frac * beta_max if beta_max > 0 else beta_frac)
 
     def zeros(self):
         """Z = 0 in the program's shape."""
@@ -99,7 +110,7 @@ def parse_program(program):
     return family(program).name
 
 
-def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, gates=None,
+def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1=None, U2=None, gates=None,
                  gate_seed=0, n_classes=None, H=None):
     """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"`` or the
     gated-ReLU MHSA program ``"gated_mhsa"``.
@@ -110,10 +121,15 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     y : targets as docs/conventions.md fixes them: ``(N,)`` for (8); ``(N, c)`` or ``(N, n, c)`` with the
         squared loss; ``(N,)`` labels in {-1, +1} (logistic) or in [0, c) (cross-entropy). For
         ``"mhsa"`` and ``"gated_mhsa"``, ``(N, n, c)`` targets are per token, all others are per
-        sequence (mean-pooled output)
+        sequence (mean-pooled output). Labels that are not numbers (strings, booleans, ...) are class
+        labels: sorted, ``classes[k] -> k`` (cross-entropy), ``classes[0] -> -1``, ``classes[1] -> +1``
+        (logistic), kept as ``problem.classes`` (as the command line and the estimators map them)
     program : 8, 10, 12, "mhsa" or "gated_mhsa" (:mod:`.registry`)
     loss : {"squared", "logistic", "cross_entropy"} or a Loss
-    beta : float > 0
+    beta : float > 0, the regularization weight; or
+    beta_frac : float > 0, beta = beta_frac * beta_max of the data (``0 < beta_frac < 1`` gives a nonzero
+        solution; losses are summed over samples, so beta grows with N and beta_frac does not).
+        Exactly one of ``beta`` and ``beta_frac``
     U1, U2 : gate vectors (h, n) and (h, d) of program (12); sampled from ``gates`` (default 8)
         and ``gate_seed`` when not given
     H : gate matrices (P, d, d) of ``"gated_mhsa"``; sampled from ``gates`` (default 8) and
@@ -132,6 +148,11 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     >>> P = make_problem(X, X[:, 0, 0], program=8, loss="squared", beta=0.5)
     >>> P.program.shape
     (4, 3)
+    >>> Q = make_problem(X, X[:, 0, 0], program=8, beta_frac=0.1)
+    >>> bool(Q.beta == 0.1 * Q.beta_max())
+    True
+    >>> make_problem(X, np.where(X[:, 0, 0] > 0, "dog", "cat"), program=8, loss="logistic", beta=0.5).classes
+    array(['cat', 'dog'], dtype='<U3')
     >>> make_problem(X, X[:, :, :2], program="mhsa", beta=0.5).program.shape
     (9, 6)
     >>> make_problem(X, X[:, :, :2], program="gated_mhsa", beta=0.5, gates=2).program.shape
@@ -143,7 +164,14 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     if loss.name not in fam.losses:
         raise invalid("loss", f"one of {fam.losses} for program ({program})", repr(loss.name),
                       "use program 10 or 12 for several outputs")
+    if (beta is None) == (beta_frac is None):
+        raise invalid("beta, beta_frac", "exactly one of them", "neither" if beta is None else "both",
+                      "pass beta (the regularization weight) or beta_frac (beta = beta_frac * beta_max of the data)")
+    regularizer_beta = check_beta(beta) if beta_frac is None else check_positive("beta_frac", beta_frac)
     X = _owned(check_array("X", X, 3, "shape (N, n, d)"), X)
+    classes = None
+    if are_class_labels(y):
+        y, classes = encode_classes(y, loss)
     N, n = X.shape[:2]
     y_arr = _owned(check_array("y", y, what="targets", nonempty=False), y)
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
@@ -155,7 +183,6 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
                       "use program 10 for vector or sequence targets")
     T = loss.encode(y_arr, n_classes)  # new, or a view of y_arr
     T.flags.writeable = False
-    regularizer_beta = check_beta(beta)
     U1, U2, H = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H))  # copies: the caller's change
     options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)
     refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
@@ -166,9 +193,10 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     prog = fam.program.build(program, X, y_arr, T, **{k: options[k] for k in fam.options})
     for gate in prog.gate_arrays().values():
         gate.flags.writeable = False
-    problem = ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta))
+    problem = ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta), classes)
     problem._mapped = {name: (a, fingerprint(a)) for name, a in (("X", prog.X), ("y", T)) if file_backed(a)}
-    return check_scale(problem)
+    problem = check_scale(problem)
+    return problem if beta_frac is None else problem.with_beta_frac(beta_frac)
 
 
 def _owned(a, given):
