@@ -125,7 +125,7 @@ def run_solve(args):
     if args.distributed:
         return _run_distributed(args, options)
     data = open_data(args.data)  # headers only (a .npz is loaded): then --out is checked against the inputs
-    if args.out:
+    if args.out is not None:
         check_output_file(args.out, "--out")
     X, y = data.rows()
     y, classes = encode_labels(y, args.loss)
@@ -133,7 +133,7 @@ def run_solve(args):
     refine = False if args.no_refine else "auto"
     result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, verbose=args.verbose, refine=refine,
                    refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
-    if args.out:
+    if args.out is not None:
         result.save(args.out, **({} if classes is None else {"classes": classes}))
     _print(args, _with_classes(result.summary(), classes, args.loss))
     return 0 if result.certified else 1
@@ -187,7 +187,7 @@ def _solve_distributed(args, options, rank):
     distributed.check_same({f"--{k.replace('_', '-')}": v for k, v in sorted(vars(args).items()) if k not in LOCAL},
                            "launch every process with the same options")
     data = distributed.agree(open_data, args.data)
-    distributed.agree(lambda: rank == 0 and args.out and check_output_file(args.out, "--out"))
+    distributed.agree(lambda: rank == 0 and args.out is not None and check_output_file(args.out, "--out"))
     local = argparse.Namespace(**dict(vars(args), beta_frac=None))  # beta_max is known once sharded
 
     def build(X, y, U1, U2, max_label):
@@ -203,7 +203,7 @@ def _solve_distributed(args, options, rank):
     V = problem.program.shards.gather_rows(result.V)
     if rank == 0:
         result = dataclasses.replace(result, V=V)
-        if args.out:
+        if args.out is not None:
             result.save(args.out)
         _print(args, dict(result.summary(), processes=dist.get_world_size()))
     return 0 if result.certified else 1

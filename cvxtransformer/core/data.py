@@ -32,7 +32,7 @@ import torch
 
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
-from .io import load_npz, record_input, why_unreadable
+from .io import check_regular_file, load_npz, record_input, why_unreadable
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
 
@@ -54,6 +54,7 @@ def split_rows(N, world, rank):
 
 
 def _npy(path, role, name):
+    check_regular_file(path, role)
     record_input(path)
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -148,6 +149,10 @@ def open_data(paths, role="DATA"):
         raise InvalidInputError(f"{role}: expected a .npz file or data folders, got nothing")
     if len(paths) == 1 and not os.path.isdir(paths[0]):
         data = load_npz(paths[0], role, ("X", "y"))
+        for name in ("X", "y"):
+            if data[name].ndim == 0:  # rows are sliced from it before make_problem checks values
+                raise InvalidInputError(f"{role}: {name} in {os.fspath(paths[0])!r} is one number (a 0-d array); "
+                                        f"expected one row per sample, shape (N, ...): save {name} as an array")
         return DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True, H=data.get("H"))
     parts, gates = [], {}
     for folder in _shard_dirs(paths, role):

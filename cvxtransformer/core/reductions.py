@@ -354,6 +354,9 @@ class GatedMHSAReduction(Reduction):
         gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
         the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
         p = problem.program
+        if not isinstance(heads, GatedMHSAHeads):
+            raise invalid("weights", f"GatedMHSAHeads (W1, W2, gate), the heads of the gated MHSA network, for "
+                          f"{p.label}", type(heads).__name__)
         W1, W2 = _mhsa_weights(p, heads)
         m, gate = len(W1), np.asarray(heads.gate)
         if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
@@ -401,7 +404,9 @@ def recover_weights(problem, Z, form="balanced"):
 
 def nonconvex_objective(problem, weights):
     """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in numpy."""
-    return check_problem(problem).reduction.objective(problem, weights)
+    reduction = check_problem(problem).reduction
+    reduction.coefficients(problem, weights)  # checks the weights (their type and shapes) by name
+    return reduction.objective(problem, weights)
 
 
 ALL_LOSSES = ("squared", "logistic", "cross_entropy")
