@@ -115,7 +115,7 @@ def _shard_dirs(paths, role):
     dirs = []
     for path in paths:
         path = os.fspath(path)
-        if os.path.isfile(os.path.join(path, "X.npy")):
+        if os.path.exists(os.path.join(path, "X.npy")):
             dirs.append(path)
         elif os.path.isdir(path):
             subs = sorted(os.path.join(path, s) for s in os.listdir(path)
@@ -124,7 +124,7 @@ def _shard_dirs(paths, role):
                 raise InvalidInputError(f"{role}: folder {path!r} holds no X.npy (nor shard folders with one); "
                                         "save X.npy and y.npy there")
             for sub in subs:
-                if not os.path.isfile(os.path.join(sub, "X.npy")):
+                if not os.path.exists(os.path.join(sub, "X.npy")):
                     held = sorted(os.listdir(sub))
                     raise InvalidInputError(
                         f"{role}: shard folder {sub!r} of {path!r} has no X.npy (it holds "

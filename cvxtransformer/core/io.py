@@ -173,7 +173,7 @@ def _open_direct(target, mode, path, role):
             if exc.errno != errno.ENXIO:  # ENXIO: no reader
                 raise
             if time.monotonic() > deadline:
-                raise InvalidInputError(f"{role}: no process reads the FIFO {path!r} (waited {FIFO_WAIT:.0f} s); "
+                raise InvalidInputError(f"{role}: no process reads the FIFO {path!r} (waited {FIFO_WAIT:g} s); "
                                         f"start its reader first (cat {path} > result.npz), or pass a file name") from None
             time.sleep(0.1)
     os.set_blocking(fd, True)
