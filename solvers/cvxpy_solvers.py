@@ -7,12 +7,14 @@ the size of its coefficients, whatever N), and the one used is recorded in the r
 imported when one of them validates or solves a problem, not with this module (a torch solve never
 imports it).
 """
+import signal
+import threading
 import time
 import warnings
 
-from cvxtransformer.core.errors import MissingDependencyError, SolverError
+from cvxtransformer.core.errors import MissingDependencyError, SolverError, invalid
 from cvxtransformer.core.result import BackendOutput
-from cvxtransformer.core.validation import check_allocation
+from cvxtransformer.core.validation import check_allocation, check_int, check_positive
 
 from .base import Solver
 
@@ -20,6 +22,35 @@ CVXPY_FACES = {"loss": ("cvxpy_value", "cvxpy_dual"),
                "regularizer": ("cvxpy_value", "cvxpy_dual_constraint"),
                "program": ("cvxpy_variable", "cvxpy_forward", "cvxpy_adjoint", "cvxpy_blocks", "from_cvxpy",
                            "from_blocks")}
+
+
+def interruptible(call, poll=0.05):
+    """``call()`` run in a daemon thread while the main thread waits for it, so that Ctrl-C and SIGTERM
+    are acted on at once: Python runs its signal handlers in the main thread only, between bytecodes,
+    and a native solver (Clarabel, SCS: they release the GIL) would otherwise hold the main thread
+    until it returns. SCS installs its own Ctrl-C handler while it runs (it would end the solve as a
+    failure), so Python's is installed again at every poll. After an interruption the solver thread
+    runs on in the background until it returns or the process exits (the command line exits)."""
+    if threading.current_thread() is not threading.main_thread():
+        return call()
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="cvxpy-solve", daemon=True)
+    handler = signal.getsignal(signal.SIGINT)
+    worker.start()
+    while worker.is_alive():
+        worker.join(poll)
+        if callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN):
+            signal.signal(signal.SIGINT, handler)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class CVXPYSolver(Solver):
@@ -30,6 +61,7 @@ class CVXPYSolver(Solver):
     requires = CVXPY_FACES
     cvxpy_name = ""
     translate = {}  # our option name -> the solver's setting
+    max_iter_limit = 0  # the largest iteration budget the solver's integer type holds
 
     def settings(self, tol, options):
         raise NotImplementedError
@@ -43,6 +75,13 @@ class CVXPYSolver(Solver):
         from cvxtransformer.core.cvxpy_builders import choose_formulation
 
         choose_formulation(problem, options.get("formulation", "auto"))
+        if options.get("max_iter") is not None:
+            check_int("max_iter", options["max_iter"], 1)
+            if options["max_iter"] > self.max_iter_limit:
+                raise invalid("max_iter", f"an integer in [1, {self.max_iter_limit}] for solver {self.name!r} (the "
+                              "largest budget its iteration counter holds)", repr(options["max_iter"]),
+                              f"pass at most {self.max_iter_limit}, or bound the solve with time_limit")
+        check_positive("time_limit", options.get("time_limit"), none_ok=True)
         if self.cvxpy_name not in cp.installed_solvers():
             raise MissingDependencyError(f"solver: {self.name} is not installed; pip install {self.name}")
 
@@ -68,7 +107,8 @@ class CVXPYSolver(Solver):
             # a stack of matrices (the gated MHSA program) is canonicalised by CVXPY's SciPy backend: not news
             warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
             try:
-                built.problem.solve(solver=self.cvxpy_name, verbose=verbose, **self.settings(tol, options))
+                interruptible(lambda: built.problem.solve(solver=self.cvxpy_name, verbose=verbose,
+                                                          **self.settings(tol, options)))
             except cp.error.SolverError as exc:
                 raise SolverError(f"solver: {self.name} failed on the {form} of {label} ({exc}); try the "
                                   "other solver, a larger beta, or rescaled data") from None
@@ -96,6 +136,7 @@ class Clarabel(CVXPYSolver):
     name = "clarabel"
     cvxpy_name = "CLARABEL"
     translate = {"max_iter": "max_iter", "time_limit": "time_limit"}
+    max_iter_limit = 2**32 - 1  # a u32
 
     def settings(self, tol, options):
         eps = min(1e-9, 1e-2 * tol)
@@ -110,6 +151,7 @@ class SCS(CVXPYSolver):
     name = "scs"
     cvxpy_name = "SCS"
     translate = {"max_iter": "max_iters", "time_limit": "time_limit_secs"}
+    max_iter_limit = 2**31 - 1  # scs_int, a C int in the wheels (larger values wrap silently)
 
     def settings(self, tol, options):
         eps = min(1e-6, 1e-2 * tol)

@@ -9,11 +9,13 @@ import time, so ``--help`` is instant; numpy, cvxpy and torch are imported when 
 import argparse
 import contextlib
 import difflib
+import errno
 import os
 import re
 import signal
 import sys
 import threading
+import traceback
 
 from .. import __version__
 from ..energy import command as energy
@@ -136,9 +138,17 @@ def main(argv=None):
         return exc.code
     except BrokenPipeError:  # --help | head
         return _stdout_closed()
-    from ..core.errors import CvxTransformerError
-    from ..core.io import reading_inputs
-
+    limit = _address_space()
+    if limit < START_BYTES:  # below it numpy, torch or OpenBLAS hang or abort in native code as they load
+        return _cannot_start(args.command, f"the address-space limit is {limit / 2**20:.0f} MiB; loading numpy, "
+                                           f"torch and the solvers takes about {START_BYTES // 2**20} MiB")
+    try:
+        from ..core.errors import CvxTransformerError
+        from ..core.io import reading_inputs
+    except (ImportError, OSError, MemoryError) as exc:  # numpy cannot load: only memory is worth a line
+        if not _short_of_memory(exc):
+            raise
+        return _cannot_start(args.command, exc)
     try:
         with reading_inputs(), _sigterm_raises():
             code = args.run(args)
@@ -151,17 +161,67 @@ def main(argv=None):
         return _stdout_closed()
     except KeyboardInterrupt:
         print(f"cvxtransformer {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _leave(130)
     except Terminated:
         print(f"cvxtransformer {args.command}: terminated", file=sys.stderr)
-        return 143
+        return _leave(143)
+    except (ImportError, OSError) as exc:  # a library that cannot be mapped under a memory limit (torch's)
+        if not _short_of_memory(exc):
+            raise
+        return _cannot_start(args.command, exc)
     except (MemoryError, RuntimeError) as exc:  # torch's CPU allocator raises a RuntimeError
         if isinstance(exc, RuntimeError) and "can't allocate memory" not in str(exc):
             raise
+        if _importing(exc):
+            return _cannot_start(args.command, exc)
         print(f"cvxtransformer {args.command}: error: out of memory ({_allocation(exc)}); make the run smaller, "
               "or see docs/reliability.md (DATA folders are streamed; --solver fista never forms the CVXPY design)",
               file=sys.stderr)
         return 2
+
+
+START_BYTES = 800 * 2**20  # address space the libraries need to load (below: a hang in OpenBLAS's start, measured)
+
+
+def _address_space():
+    """This process's address-space limit in bytes (RLIMIT_AS, ``ulimit -v``; inf if none)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return float("inf") if soft == resource.RLIM_INFINITY else soft
+
+
+def _short_of_memory(exc):
+    """Whether ``exc`` is a failure to get memory (an allocation, or a shared library that cannot be
+    mapped under a limit: "failed to map segment from shared object", ENOMEM)."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM or any(
+        words in text for words in ("failed to map segment", "cannot allocate memory", "can't allocate memory"))
+
+
+def _importing(exc):
+    """Whether ``exc`` was raised while a module was being imported (numpy, torch, a solver)."""
+    return any(frame.filename.startswith("<frozen importlib") for frame in traceback.extract_tb(exc.__traceback__))
+
+
+def _cannot_start(command, exc):
+    """One line for a command that could not load its libraries for want of memory; exit code 2."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"cvxtransformer {command}: error: not enough memory to start ({reason}); raise the memory limit "
+          "(ulimit -v, prlimit --as, the container's) or free memory", file=sys.stderr)
+    return 2
+
+
+def _leave(code):
+    """``code``, or an exit at once with it when a native solver still runs in its thread (an
+    interrupted Clarabel or SCS solve, solvers/cvxpy_solvers.py ``interruptible``): the interpreter's
+    shutdown would run under it (and crash in it). Every file was cleaned up on the way here."""
+    if any(t.name == "cvxpy-solve" and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
 
 
 def _allocation(exc):

@@ -52,7 +52,7 @@ and ``y_test``, ``test_loss.png``.
 import argparse
 import os
 
-from .options import LOSS_HELP, PROGRAMS, positive_float, positive_int, program, tolerance
+from .options import LOSS_HELP, PROGRAMS, positive_float, positive_int, program, seed, tolerance
 
 GRID = "1e-3,1e-2,1e-1"  # the default grids of cvxtransformer.comparison.run, for the help text
 
@@ -91,7 +91,7 @@ def configure(p):
     p.add_argument("--gates", type=positive_int, default=8, metavar="H",
                    help="gates: h of program (12) and network (11) when DATA has no U1, U2; P of gated_mhsa when "
                         "DATA has no H")
-    p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates")
+    p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates")
     p.add_argument("--classes", type=positive_int, default=None, help="number of classes (cross-entropy only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisations and mini-batches")
     p.add_argument("--eval-every", type=positive_int, default=None, help="steps between metric evaluations")

@@ -143,7 +143,7 @@ def run_solve(args):
     if args.distributed:
         return _run_distributed(args, options)
     data = open_data(args.data)  # headers only (a .npz is loaded): then --out is checked against the inputs
-    if args.out:
+    if args.out is not None:
         check_output_file(args.out, "--out")
     X, y = data.rows()
     y, classes = encode_labels(y, args.loss)
@@ -152,7 +152,7 @@ def run_solve(args):
     result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, atol=args.atol, verbose=args.verbose,
                    refine=refine,
                    refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
-    if args.out:
+    if args.out is not None:
         result.save(args.out, fingerprint=_fingerprint(data, data.fingerprint(), problem),
                     **({} if classes is None else {"classes": classes}))
     _print(args, _with_classes(result.summary(), classes, args.loss), args.out)
@@ -228,7 +228,7 @@ def _solve_distributed(args, options, rank):
     distributed.check_same({f"--{k.replace('_', '-')}": v for k, v in sorted(vars(args).items()) if k not in LOCAL},
                            "launch every process with the same options")
     data = distributed.agree(open_data, args.data)
-    distributed.agree(lambda: rank == 0 and args.out and check_output_file(args.out, "--out"))
+    distributed.agree(lambda: rank == 0 and args.out is not None and check_output_file(args.out, "--out"))
     local = argparse.Namespace(**dict(vars(args), beta=args.beta or 1.0, beta_frac=None))  # beta_max: once sharded
 
     def build(X, y, U1, U2, max_label):
@@ -250,7 +250,7 @@ def _solve_distributed(args, options, rank):
                            else [])
     if rank == 0:
         result = dataclasses.replace(result, V=V)
-        if args.out:
+        if args.out is not None:
             result.save(args.out, fingerprint=_fingerprint(data, [p for mine in pieces for p in mine], problem))
         _print(args, dict(result.summary(), processes=dist.get_world_size()), args.out)
     return 0 if result.certified else 1

@@ -35,6 +35,14 @@ def positive_int(text):
     return value
 
 
+def seed(text):
+    """A random seed as numpy takes it: an integer >= 0."""
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (a seed), got {text}")
+    return value
+
+
 def tolerance(text):
     """A relative duality gap: 0 < tol < 1."""
     value = _number(text, float)
@@ -59,7 +67,7 @@ def add_problem_arguments(p, program_help=PROGRAM_HELP):
                       help="beta = F * beta_max of the data (0 < F < 1 gives a nonzero solution)")
     p.add_argument("--gates", type=positive_int, default=8,
                    help="number of gates: h of program (12) when DATA has no U1, U2; P of gated_mhsa when DATA has no H")
-    p.add_argument("--gate-seed", type=int, default=0, help="seed of the sampled gates of program (12) or gated_mhsa")
+    p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates of program (12) or gated_mhsa")
     p.add_argument("--classes", type=positive_int, default=None,
                    help="number of classes c, cross-entropy only (default: max(y) + 1)")
     p.add_argument("--tol", type=tolerance, default=1e-6,

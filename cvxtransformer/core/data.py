@@ -33,7 +33,7 @@ import torch
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
 from .fingerprint import fingerprint_rows
-from .io import load_npz, record_input, why_unreadable
+from .io import check_regular_file, load_npz, record_input, why_unreadable
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
 
@@ -55,6 +55,7 @@ def split_rows(N, world, rank):
 
 
 def _npy(path, role, name):
+    check_regular_file(path, role)
     record_input(path)
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -168,7 +169,7 @@ def _shard_dirs(paths, role):
     dirs = []
     for path in paths:
         path = os.fspath(path)
-        if os.path.isfile(os.path.join(path, "X.npy")):
+        if os.path.exists(os.path.join(path, "X.npy")):
             dirs.append(path)
         elif os.path.isdir(path):
             subs = sorted(os.path.join(path, s) for s in os.listdir(path)
@@ -177,7 +178,7 @@ def _shard_dirs(paths, role):
                 raise InvalidInputError(f"{role}: folder {path!r} holds no X.npy (nor shard folders with one); "
                                         "save X.npy and y.npy there")
             for sub in subs:
-                if not os.path.isfile(os.path.join(sub, "X.npy")):
+                if not os.path.exists(os.path.join(sub, "X.npy")):
                     held = sorted(os.listdir(sub))
                     raise InvalidInputError(
                         f"{role}: shard folder {sub!r} of {path!r} has no X.npy (it holds "
@@ -202,6 +203,10 @@ def open_data(paths, role="DATA"):
         raise InvalidInputError(f"{role}: expected a .npz file or data folders, got nothing")
     if len(paths) == 1 and not os.path.isdir(paths[0]):
         data = load_npz(paths[0], role, ("X", "y"))
+        for name in ("X", "y"):
+            if data[name].ndim == 0:  # rows are sliced from it before make_problem checks values
+                raise InvalidInputError(f"{role}: {name} in {os.fspath(paths[0])!r} is one number (a 0-d array); "
+                                        f"expected one row per sample, shape (N, ...): save {name} as an array")
         out = DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True, H=data.get("H"))
         out.sources = [os.fspath(paths[0])]
         return out

@@ -34,7 +34,7 @@ import torch
 from .arrays import to_tensor
 from .errors import invalid
 from .mhsa import LinearMHSAProgram, MHSAOperator
-from .validation import check_array, check_int
+from .validation import check_array, check_gates_memory, check_int
 
 
 def sample_gate_matrices(gates, d, seed=0):
@@ -109,8 +109,10 @@ class GatedMHSAProgram(LinearMHSAProgram):
         sampled from ``gates`` (default 8) and ``gate_seed``."""
         d = X.shape[2]
         if H is None:
-            H = sample_gate_matrices(check_int("gates", 8 if gates is None else gates, 1), d,
-                                     check_int("gate_seed", gate_seed))
+            gates = check_int("gates", 8 if gates is None else gates, 1)
+            c = y.shape[2] if y.ndim == 3 else T.shape[1]  # per gate: H_g, Z's slice (d^2 x dc) and 3 copies
+            check_gates_memory(gates, 8 * (d * d + 4 * d ** 3 * c))
+            H = sample_gate_matrices(gates, d, check_int("gate_seed", gate_seed))
         else:
             H = check_array("H", H, 3, f"shape (P, {d}, {d}) (one d x d gate matrix per gate)", nonempty=False)
             if H.shape[1:] != (d, d):

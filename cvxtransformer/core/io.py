@@ -20,11 +20,14 @@ takes is checked first by :func:`check_output_file` (or :func:`prepare_out_dir`)
   what they read with :func:`record_input`.
 """
 import contextlib
+import errno
 import json
 import math
 import os
+import signal
 import stat
 import tempfile
+import time
 from io import BytesIO, StringIO
 
 import numpy as np
@@ -65,6 +68,11 @@ def destination(path, role):
     :class:`InvalidInputError` naming ``role`` for a path that must not be written (see the
     module docstring)."""
     path = os.fspath(path)
+    if not path:
+        raise InvalidInputError(f"{role}: expected a file name, got ''; pass the file to write")
+    if path.endswith((os.sep, os.altsep or os.sep)):  # 'newdir/' would otherwise write a file named 'newdir'
+        raise InvalidInputError(f"{role}: {path!r} ends with {path[-1]!r}, which names a folder; give a file name "
+                                f"(e.g. {os.path.join(path, 'result.npz')!r})")
     target = os.path.realpath(path)
     shown = repr(path) if target == os.path.abspath(path) else f"{path!r} (a link to {target!r})"
     try:
@@ -108,11 +116,12 @@ def atomic_open(path, mode="wb", role=None):
         if direct:  # composed in memory (writers such as zipfile seek, which a device or pipe cannot), then sent
             buffer = BytesIO() if "b" in mode else StringIO()
             yield buffer
-            with open(target, mode) as f:
+            with _open_direct(target, mode, path, role or "output") as f:
                 f.write(buffer.getvalue())
             return
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix="." + os.path.basename(target) + ".",
-                                   suffix=".tmp")
+        with _signals_held():  # a signal raised between the file's creation and ``tmp = ...`` would leave it
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix="." + os.path.basename(target) + ".",
+                                       suffix=".tmp")
         with os.fdopen(fd, mode) as f:
             yield f
         try:
@@ -128,6 +137,47 @@ def atomic_open(path, mode="wb", role=None):
     except BaseException:
         _remove(tmp)
         raise
+
+
+HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Within: Ctrl-C and SIGTERM wait (blocked, not lost); they are acted on right after."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+FIFO_WAIT = 10.0  # seconds a FIFO given as output may take to get a reader
+
+
+def _open_direct(target, mode, path, role):
+    """``target`` (a character device or a FIFO) opened for writing. A FIFO is opened without
+    blocking: with no process reading it (yet), it is retried for :data:`FIFO_WAIT` seconds, then
+    refused, where a plain ``open`` would wait forever."""
+    if not stat.S_ISFIFO(os.stat(target).st_mode):
+        return open(target, mode)
+    deadline = time.monotonic() + FIFO_WAIT
+    while True:
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader
+                raise
+            if time.monotonic() > deadline:
+                raise InvalidInputError(f"{role}: no process reads the FIFO {path!r} (waited {FIFO_WAIT:g} s); "
+                                        f"start its reader first (cat {path} > result.npz), or pass a file name") from None
+            time.sleep(0.1)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode)
 
 
 def _remove(tmp):
@@ -199,12 +249,30 @@ def why_unreadable(path, exc, kind):
     return f"not in the {kind} format: it looks like {looks}"
 
 
+KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular_file(path, role):
+    """Refuse an input that exists and is not a regular file or a folder (a FIFO, a device, a socket):
+    numpy would block on a FIFO until some process writes to it, and seeks in what it reads."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing or unreadable: the reader's own message names it
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = next((k for test, k in KINDS if test(mode)), "not a regular file")
+        raise InvalidInputError(f"{role}: {os.fspath(path)!r} is {kind}, not a regular file; save the arrays to a "
+                                "file and pass its name")
+
+
 def load_npz(path, role, required=()):
     """The arrays of a .npz file as a dict. Object arrays are refused (never unpickled).
 
     ``role`` names the file in messages (``"DATA"``, ``"RESULT"``); ``required`` lists the
     arrays it must hold.
     """
+    check_regular_file(path, role)
     record_input(path)
     try:
         with np.load(path, allow_pickle=False) as f:

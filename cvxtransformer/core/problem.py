@@ -15,7 +15,7 @@ from .errors import invalid
 from .fingerprint import fingerprint
 from .losses import are_class_labels, encode_classes, get_loss
 from .registry import families, family
-from .validation import check_array, check_beta, check_positive, check_scale
+from .validation import check_array, check_beta, check_int, check_positive, check_scale
 
 GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
 
@@ -176,6 +176,9 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
     y_arr = _owned(check_array("y", y, what="targets", nonempty=False), y)
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
+    if y_arr.size == 0:
+        raise invalid("y", "at least one output per sample", f"shape {y_arr.shape} (no outputs)",
+                      "give y one column per output, e.g. shape (N,) or (N, c)")
     if y_arr.ndim == 3 and y_arr.shape[1] != n:
         raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
     if program == 8 and y_arr.ndim != 1:
@@ -184,6 +187,7 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
     T = loss.encode(y_arr, n_classes)  # new, or a view of y_arr
     T.flags.writeable = False
     U1, U2, H = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H))  # copies: the caller's change
+    gate_seed = check_int("gate_seed", gate_seed, 0)  # numpy's seeds: non-negative integers
     options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)
     refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
     if refused:

@@ -33,7 +33,7 @@ from .arrays import F64, numpy_face, resolve_device, resolve_dtype
 from .data import StreamedRows, file_backed, storage
 from .errors import invalid
 from .regularizers import GroupLasso
-from .validation import check_array, check_coefficients, check_dual_point, check_int, log10_norm, max_abs
+from .validation import check_array, check_coefficients, check_dual_point, check_gates_memory, check_int, log10_norm, max_abs
 
 CHUNK_BYTES = 8 * 2**20  # temporaries per chunk of samples
 
@@ -549,7 +549,10 @@ class AttentionProgram(Program):
             return cls(number, X, T.shape[1])
         n, d = X.shape[1:]
         if U1 is None and U2 is None:
-            U1, U2 = sample_gates(check_int("gates", 8 if gates is None else gates, 1), n, d, gate_seed)
+            gates = check_int("gates", 8 if gates is None else gates, 1)
+            c = T.shape[1]  # per gate: u1, u2, a column of the mask (N), Z's h-slice and 3 copies in a solver
+            check_gates_memory(gates, 8 * (n + d + len(X) + 4 * c * n * d))
+            U1, U2 = sample_gates(gates, n, d, gate_seed)
         elif U1 is None or U2 is None:
             raise invalid("U1, U2", "both gate matrices or neither", "only one of them")
         else:

@@ -412,7 +412,9 @@ def recover_weights(problem, Z, form="balanced"):
 
 def nonconvex_objective(problem, weights):
     """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in numpy."""
-    return check_problem(problem).reduction.objective(problem, weights)
+    reduction = check_problem(problem).reduction
+    reduction.coefficients(problem, weights)  # checks the weights (their type and shapes) by name
+    return reduction.objective(problem, weights)
 
 
 ALL_LOSSES = ("squared", "logistic", "cross_entropy")

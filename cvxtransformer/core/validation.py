@@ -64,6 +64,8 @@ def _as_real(name, a, what):
         raise invalid(name, f"a dense array of {what}", f"a scipy sparse {type(a).__name__}",
                       "convert it with .toarray()")
     given = type(a).__name__
+    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):  # a tensor that requires grad: its values
+        a = a.detach().cpu()
     try:
         a = np.asarray(a)
     except (TypeError, ValueError):  # ragged nested lists
@@ -262,6 +264,14 @@ def check_allocation(name, nbytes, what, fix):
     if nbytes > room:
         raise invalid(name, f"what fits in memory ({format_bytes(room)} available)",
                       f"{what} {format_bytes(nbytes)}", fix(room) if callable(fix) else fix)
+
+
+def check_gates_memory(gates, per_gate):
+    """Refuse ``gates`` sampled gates whose arrays, and what the program and its solvers build from
+    them (masks, coefficients Z and the solvers' copies of Z), take ``per_gate`` bytes each, when
+    they would not fit in memory (checked before the gates are sampled)."""
+    check_allocation("gates", gates * per_gate, f"{gates} gates, whose arrays, masks and coefficients take about",
+                     lambda room: f"use fewer gates (--gates); about {int(room // per_gate)} would fit")
 
 
 def check_problem(problem, name="problem"):
