@@ -1,10 +1,10 @@
 """PNG plots of :func:`cvxtransformer.compare` (matplotlib), written atomically.
 
-* :func:`plot_objective`: objective (and training loss) against training time for every network
-  run, the certified optimum of each convex program as a horizontal line, and the certified gap
-  ``objective - D(V)`` of the runs that the bound covers;
+* :func:`plot_objective`: objective (and training loss) against training time, and the objective against
+  the step, for every network run, the certified optimum of each convex program as a horizontal line,
+  and the certified gap ``objective - D(V)`` of the runs that the bound covers;
 * :func:`plot_test_loss`: test loss against time, the convex solution's as a line;
-* :func:`plot_attention`: attention maps side by side, one row per output token;
+* :func:`plot_attention`: attention maps in a grid (at most 4 a row), one row per output token;
 * :func:`plot_singular_values`: singular values of the convex solution of program (6) (or of each
   gate's Z_g) against those of the networks' effective coefficients;
 * :func:`plot_tuning`: validation loss over the tuning grid of ``compare --tune``;
@@ -17,7 +17,8 @@ r. :func:`convex_attention_map` makes one from a convex solution: the group norm
 ``||Z[j, l, k]||`` summed over the gates j, one row per output l, or per output token t (the
 outputs ``(t, l)`` of token t summed), or one row for all outputs.
 
-matplotlib is imported when a plot is drawn, not with this module.
+matplotlib is imported when a plot is drawn, not with this module. Each plot function returns its
+figure (saved and closed), whose axes and lines can be read.
 """
 import numpy as np
 
@@ -80,7 +81,7 @@ def _log_time_axis(ax):
 
 
 def plot_objective(runs, convex, path, title=""):
-    """Objective, training loss and certified gap against time.
+    """Objective against time and against step, training loss and certified gap against time (a 2 x 2 grid).
 
     With ``loss_sum`` a middle panel shows the training loss alone: unlike the objectives, whose
     regularisers differ between (3) and the convex family (and with the beta of each model when
@@ -89,7 +90,8 @@ def plot_objective(runs, convex, path, title=""):
     Parameters
     ----------
     runs : dict name -> dict(model, seconds=(S+1,), objective=(S+1,), lower_bound=float or None,
-        and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples)
+        and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples, and
+        collapsed=True for a network that learned nothing: a cross on its last point)
         (``lower_bound`` is D(V) of the convex program that bounds this network, None for (3))
     convex : dict program -> dict(primal_objective, dual_objective, optionally loss_sum, label)
     path : the PNG file
@@ -153,6 +155,7 @@ def plot_objective(runs, convex, path, title=""):
         ax_gap.text(0.5, 0.5, "no network covered by the bound", ha="center", transform=ax_gap.transAxes)
     fig.tight_layout()
     save_figure(fig, path)
+    return fig
 
 
 def plot_tuning(grids, convex, path):
@@ -237,6 +240,7 @@ def plot_test_loss(runs, convex, path):
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
+    return fig
 
 
 def plot_attention(maps, path):
@@ -272,6 +276,7 @@ def plot_attention(maps, path):
     fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02).set_label("share of the row", fontsize=11)
     fig.suptitle("Attention maps (each row normalised to sum 1)", fontsize=13)
     save_figure(fig, path)
+    return fig
 
 
 def plot_singular_values(convex, networks, beta, path, program="program (6)"):
@@ -306,3 +311,4 @@ def plot_singular_values(convex, networks, beta, path, program="program (6)"):
     if P > 1:
         fig.suptitle(f"Singular values of each Z_g, {program} (beta = {beta:.4g})")
     save_figure(fig, path)
+    return fig
