@@ -111,7 +111,8 @@ def test_issue36_attention_maps_in_a_grid_of_at_most_four_a_row(tmp_path):
 
 def test_issue36_objective_against_step_beside_objective_against_time(tmp_path):
     S = 30
-    runs = {name: {"model": model, "seconds": np.linspace(0, 3, S + 1) ** 2, "objective": 10 + np.exp(-np.arange(S + 1)),
+    runs = {name: {"model": model, "seconds": np.linspace(0, 3, S + 1) ** 2,
+                   "objective": 10 + np.exp(-np.arange(S + 1)),
                    "lower_bound": 9.0 if model != "softmax" else None, "collapsed": model == "softmax"}
             for name, model in (("alternative (9)", "alternative"), ("softmax (3)", "softmax"))}
     fig = plot_objective(runs, {10: {"primal_objective": 9.5, "dual_objective": 9.5}}, tmp_path / "objective.png")
