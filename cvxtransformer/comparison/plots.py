@@ -1,10 +1,10 @@
 """PNG plots of :func:`cvxtransformer.compare` (matplotlib), written atomically.
 
-* :func:`plot_objective`: objective (and training loss) against training time for every network
-  run, the certified optimum of each convex program as a horizontal line, and the certified gap
-  ``objective - D(V)`` of the runs that the bound covers;
+* :func:`plot_objective`: objective (and training loss) against training time, and the objective against
+  the step, for every network run, the certified optimum of each convex program as a horizontal line,
+  and the certified gap ``objective - D(V)`` of the runs that the bound covers;
 * :func:`plot_test_loss`: test loss against time, the convex solution's as a line;
-* :func:`plot_attention`: attention maps side by side, one row per output token;
+* :func:`plot_attention`: attention maps in a grid (at most 4 a row), one row per output token;
 * :func:`plot_singular_values`: singular values of the convex solution of program (6) (or of each
   gate's Z_g) against those of the networks' effective coefficients;
 * :func:`plot_tuning`: validation loss over the tuning grid of ``compare --tune``;
@@ -17,7 +17,8 @@ r. :func:`convex_attention_map` makes one from a convex solution: the group norm
 ``||Z[j, l, k]||`` summed over the gates j, one row per output l, or per output token t (the
 outputs ``(t, l)`` of token t summed), or one row for all outputs.
 
-matplotlib is imported when a plot is drawn, not with this module.
+matplotlib is imported when a plot is drawn, not with this module. Each plot function returns its
+figure (saved and closed), whose axes and lines can be read.
 """
 import numpy as np
 
@@ -25,6 +26,10 @@ from ..core.io import save_figure
 
 COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
           "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown"}
+ATTENTION_COLUMNS = 4  # panels per row of attention.png
+# the networks of singular_values.png, one colour each (green is the convex solution's)
+NETWORK_CYCLE = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+                 "tab:olive", "tab:cyan")
 CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green"}
 
 
@@ -76,7 +81,7 @@ def _log_time_axis(ax):
 
 
 def plot_objective(runs, convex, path, title=""):
-    """Objective, training loss and certified gap against time.
+    """Objective against time and against step, training loss and certified gap against time (a 2 x 2 grid).
 
     With ``loss_sum`` a middle panel shows the training loss alone: unlike the objectives, whose
     regularisers differ between (3) and the convex family (and with the beta of each model when
@@ -85,22 +90,32 @@ def plot_objective(runs, convex, path, title=""):
     Parameters
     ----------
     runs : dict name -> dict(model, seconds=(S+1,), objective=(S+1,), lower_bound=float or None,
-        and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples)
+        and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples, and
+        collapsed=True for a network that learned nothing: a cross on its last point)
         (``lower_bound`` is D(V) of the convex program that bounds this network, None for (3))
     convex : dict program -> dict(primal_objective, dual_objective, optionally loss_sum, label)
     path : the PNG file
     title : the left panel's title
     """
     with_loss = any("loss_sum" in run for run in runs.values())
-    fig, axes = _subplots(1, 3 if with_loss else 2, figsize=(16.5 if with_loss else 11, 4.2))
-    ax, ax_gap = axes[0], axes[-1]
+    fig, grid = _subplots(2, 2, figsize=(14, 9.5))
+    ax, ax_steps, ax_gap = grid[0, 0], grid[0, 1], grid[1, 1]
+    axes = [ax, grid[1, 0], ax_gap]
+    if not with_loss:
+        grid[1, 0].axis("off")
     seen = {}
     for name, run in runs.items():
+        steps = np.arange(len(run["objective"]))
         t, objective = np.asarray(run["seconds"]), np.asarray(run["objective"])
         t, objective = t[t > 0], objective[t > 0]  # log time axis: from the end of the first step
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
         style = dict(color=COLORS.get(run["model"]), ls=_style(i), label=name)
         ax.plot(t, objective, **style)
+        ax_steps.plot(steps[1:], np.asarray(run["objective"])[1:], **style)
+        if run.get("collapsed"):  # a cross on the last point of a network that learned nothing
+            for a, x in ((ax, t), (ax_steps, steps)):
+                if len(x):
+                    a.plot(x[-1], run["objective"][-1], "x", color=style["color"], ms=10, mew=2)
         if with_loss and "loss_sum" in run:
             te, loss = np.asarray(run["eval_seconds"]), np.asarray(run["loss_sum"])
             axes[1].plot(te[te > 0], loss[te > 0], **style)
@@ -111,29 +126,36 @@ def plot_objective(runs, convex, path, title=""):
         style = dict(color=CONVEX_COLORS.get(program, "tab:green"), ls=(0, (4, 2)), lw=1.2)
         ax.axhline(cv["primal_objective"], label=cv.get("label", f"convex ({program}) optimum P(Z*), certified"),
                    **style)
+        ax_steps.axhline(cv["primal_objective"], **style)
         if with_loss and cv.get("loss_sum") is not None:
             axes[1].axhline(cv["loss_sum"], label=f"convex ({program}), exact", **style)
     _log_time_axis(ax)
     ax.set_yscale("log")
     ax.set_ylabel("objective (sum of losses + regulariser)")
     ax.set_title(title or "Objective against time")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
+    ax_steps.set_xscale("log")
+    ax_steps.set_yscale("log")
+    ax_steps.set_xlabel("step (iterations; not distorted by the machine's load)")
+    ax_steps.set_ylabel("objective (sum of losses + regulariser)")
+    ax_steps.set_title("Objective against step (x: collapsed network)")
     if with_loss:
         _log_time_axis(axes[1])
         axes[1].set_yscale("log")
         axes[1].set_ylabel("training loss (sum over samples)")
         axes[1].set_title("Training loss alone (comparable across models)")
-        axes[1].legend(fontsize=7)
+        axes[1].legend(fontsize=8)
     _log_time_axis(ax_gap)
     ax_gap.set_yscale("log")
     ax_gap.set_ylabel("certified gap: objective - D(V)")
     ax_gap.set_title("Certified optimality gap of the models the bound covers", fontsize=10)
     if ax_gap.lines:
-        ax_gap.legend(fontsize=7)
+        ax_gap.legend(fontsize=8)
     else:
         ax_gap.text(0.5, 0.5, "no network covered by the bound", ha="center", transform=ax_gap.transAxes)
     fig.tight_layout()
     save_figure(fig, path)
+    return fig
 
 
 def plot_tuning(grids, convex, path):
@@ -218,6 +240,7 @@ def plot_test_loss(runs, convex, path):
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
+    return fig
 
 
 def plot_attention(maps, path):
@@ -232,20 +255,28 @@ def plot_attention(maps, path):
         M = np.asarray(M, dtype=float)
         sums = M.sum(axis=1, keepdims=True)
         shares[title] = np.divide(M, sums, out=np.zeros_like(M), where=sums > 0)
+    import textwrap
+
     vmax = max(max(float(S.max()) for S in shares.values()), 1e-12)
     rows = max(S.shape[0] for S in shares.values())
-    fig, axes = _subplots(1, len(maps), figsize=(3.6 * len(maps), max(2.6, 1.6 + 0.3 * rows)), squeeze=False)
-    for ax, (title, M) in zip(axes[0], shares.items()):
+    cols = min(len(maps), ATTENTION_COLUMNS)
+    lines = -(-len(maps) // cols)
+    fig, axes = _subplots(lines, cols, figsize=(4.6 * cols, lines * max(3.6, 2.4 + 0.3 * rows)), squeeze=False,
+                          layout="constrained")
+    for ax in axes.ravel()[len(maps):]:
+        ax.axis("off")
+    for ax, (title, M) in zip(axes.ravel(), shares.items()):
         im = ax.imshow(M, cmap="viridis", vmin=0, vmax=vmax, aspect="auto", interpolation="nearest")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("input token k")
-        ax.set_ylabel(labels[title])
+        ax.set_title(textwrap.fill(title, 34), fontsize=11)
+        ax.set_xlabel("input token k", fontsize=11)
+        ax.set_ylabel(labels[title], fontsize=11)
         ax.set_yticks(range(M.shape[0]))
         ax.set_xticks(range(M.shape[1]))
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the row")
-    fig.suptitle("Attention maps (each row normalised to sum 1)", fontsize=10)
-    fig.tight_layout()
+        ax.tick_params(labelsize=10)
+    fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02).set_label("share of the row", fontsize=11)
+    fig.suptitle("Attention maps (each row normalised to sum 1)", fontsize=13)
     save_figure(fig, path)
+    return fig
 
 
 def plot_singular_values(convex, networks, beta, path, program="program (6)"):
@@ -256,8 +287,8 @@ def plot_singular_values(convex, networks, beta, path, program="program (6)"):
     P = convex.shape[0]
     cols = min(P, 4)
     rows = -(-P // cols)
-    fig, axes = _subplots(rows, cols, figsize=(6.4 if P == 1 else 3.6 * cols, 4.2 if P == 1 else 3.2 * rows),
-                          squeeze=False)
+    fig, axes = _subplots(rows, cols, figsize=(9 if P == 1 else 3.6 * cols + 3, 4.2 if P == 1 else 3.2 * rows),
+                          squeeze=False, layout="constrained")
     floor = 1e-12 * max(float(np.max(convex)) if convex.size else 1.0, 1e-300)
     for g, ax in enumerate(axes.ravel()):
         if g >= P:
@@ -269,16 +300,15 @@ def plot_singular_values(convex, networks, beta, path, program="program (6)"):
         for i, (name, s) in enumerate(networks.items()):
             s = np.atleast_2d(s)[g]
             ax.semilogy(np.arange(1, len(s) + 1), np.maximum(s, floor), ls=_style(i), marker=".",
-                        color=COLORS["linear_mhsa"], alpha=0.5 + 0.5 / (i + 1), label=name)
+                        color=NETWORK_CYCLE[i % len(NETWORK_CYCLE)], label=name)
         rank = int(np.sum(convex[g] > floor * 1e3))
         ax.axvline(rank + 0.5, color="gray", lw=0.8, ls=":")
         ax.text(rank + 0.6, ax.get_ylim()[1], f"rank = {rank}", va="top", fontsize=8, color="gray")
         ax.set_xlabel("index i")
         ax.set_ylabel("singular value sigma_i")
         ax.set_title(f"Singular values (beta = {beta:.4g})" if P == 1 else f"gate {g}", fontsize=10 if P > 1 else None)
-        if g == 0:
-            ax.legend(fontsize=7)
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside right upper", fontsize=9)
     if P > 1:
         fig.suptitle(f"Singular values of each Z_g, {program} (beta = {beta:.4g})")
-    fig.tight_layout()
     save_figure(fig, path)
+    return fig

@@ -69,7 +69,9 @@ class ModelResult:
 
     @property
     def legend(self):
-        return self.label + (f": {self.detail}" if self.detail else "")
+        """The run's name in the plots: its label, what tuning chose, and a marker when it collapsed."""
+        return (self.label + (f": {self.detail}" if self.detail else "")
+                + (" [COLLAPSED]" if self.report.get("collapsed") else ""))
 
 
 class Comparison:
@@ -91,11 +93,20 @@ class Comparison:
         self.problem = problems[plan.problem.program.name]
         self.certified = all(r.certified for r in solutions.values()) if all_certified is None else all_certified
         self.seconds = None
+        self._coefficients = {}
 
     @property
     def certificate(self):
         """The certificate of the comparison's program: ``primal_objective`` is P(Z*), ``dual_objective`` D(V)."""
         return self.solutions[self.problem.program.name].certificate
+
+    def coefficients(self, name):
+        """The coefficients that run ``name``'s trained network implements (``effective_coefficients``),
+        computed once: at 24576 heads of (9) on d = 384 they take a minute, and the maps, the distances
+        and the plots all read them."""
+        if name not in self._coefficients:
+            self._coefficients[name] = self.models[name].network.effective_coefficients()
+        return self._coefficients[name]
 
     def attention_maps(self, per_output=True):
         """title -> ``(map, row label)`` for the group-lasso programs (None for the nuclear norm). A map
@@ -130,7 +141,7 @@ class Comparison:
             else:
                 kind = f", {'Adam' if run.train.optimizer == 'adam' else 'SGD'}" if run.model == "convex" else ""
                 maps[f"{run.label}{kind}: group norms"] = (
-                    convex_attention_map(run.network.effective_coefficients(), fold), rows)
+                    convex_attention_map(self.coefficients(run.name), fold), rows)
         return maps
 
     def distances(self):
@@ -189,8 +200,8 @@ class Comparison:
         plot_objective({r.legend: {
             "seconds": r.train.history.seconds, "objective": r.train.history.objective, "model": r.model,
             "lower_bound": r.certified_lower_bound if r.report["bound_applies"] else None,
-            "eval_seconds": r.train.history.eval_seconds, "loss_sum": N * r.train.history.train_loss}
-            for r in self.models.values()},
+            "eval_seconds": r.train.history.eval_seconds, "loss_sum": N * r.train.history.train_loss,
+            "collapsed": r.report.get("collapsed", False)} for r in self.models.values()},
             {p: dict(c, label=self._convex_label(p, "P(Z*), certified")) for p, c in self.convex.items()},
             os.path.join(folder, files[-1]),
             title=f"Objective against time ({main.loss.name} loss"
@@ -199,13 +210,15 @@ class Comparison:
         if maps is None:
             files.append("singular_values.png")
             Z = self.solutions[main.program.name].Z
-            nets = {r.label: np.linalg.svd(r.network.effective_coefficients(), compute_uv=False)
+            nets = {r.legend: np.linalg.svd(self.coefficients(r.name), compute_uv=False)
                     for r in self.models.values() if r.report["bound_applies"]}
             plot_singular_values(np.linalg.svd(Z, compute_uv=False), nets, main.beta, os.path.join(folder, files[-1]),
                                  main.program.label)
         else:
             files.append("attention.png")
-            plot_attention(maps, os.path.join(folder, files[-1]))
+            marked = tuple(r.label + end for r in self.models.values() if r.report.get("collapsed") for end in ":,")
+            plot_attention({t + (" [COLLAPSED]" if marked and t.startswith(marked) else ""): v
+                            for t, v in maps.items()}, os.path.join(folder, files[-1]))
         if self.plan.test is not None:
             files.append("test_loss.png")
             plot_test_loss({r.legend: {"eval_seconds": r.train.history.eval_seconds,
@@ -278,10 +291,14 @@ def format_report(s):
                      f"D(V) = {c['dual_objective']:.10g} (relative gap {c['relative_gap']:.1e}, {verdict}), "
                      f"test loss {fmt(c['test_loss'], '.4g')}{accuracy(c)}, {c['solve_seconds']:.3f} s")
     lines.append(f"networks trained by {s['optimizer']} ({s['steps']} steps):")
-    labels = s.get("labels", {})
+    labels, collapsed = s.get("labels", {}), []
     for name, m in s["models"].items():
         obj = "diverged" if m["objective"] is None else f"{m['objective']:.10g}"
-        head = (f"  {labels.get(name, name)}: lr {m['lr']:.2g}, beta {m['beta']:.4g}, objective {obj} "
+        mark = ""
+        if m.get("collapsed"):
+            collapsed.append(f"  [{len(collapsed) + 1}] {labels.get(name, name)} COLLAPSED: {m['collapse_reason']}")
+            mark = f" COLLAPSED [{len(collapsed)}]"
+        head = (f"  {labels.get(name, name)}{mark}: lr {m['lr']:.2g}, beta {m['beta']:.4g}, objective {obj} "
                 f"(loss {fmt(m['loss_sum'], '.6g')} + regulariser {fmt(m['regularizer'], '.4g')}), "
                 f"test loss {fmt(m['test_loss'], '.4g')}{accuracy(m)}, ")
         if m["bound_applies"]:
@@ -293,11 +310,16 @@ def format_report(s):
             lines.append(f"{head}not covered by the bound; objective - convex optimum "
                          f"({m['compared_with_program']}) = {fmt(m['objective_minus_convex_optimum'], '+.4g')}, "
                          f"{m['seconds']:.2f} s")
+    if collapsed:
+        lines += ["collapsed networks (their numbers are those of a network that learned nothing):"] + collapsed
     if s.get("files"):
         lines.append(f"wrote {', '.join(s['files'])} in {s['out_dir']}")
     return "\n".join(lines)
 
 
 def label(model, program, heads):
-    """How a run is named in plots and the report: ``"alternative (9), m = 24"``, ``"softmax (3)"``."""
-    return f"{model} {equation(model, program)}" + ("" if heads is None else f", m = {heads}")
+    """How a run is named in plots and the report: ``"alternative (9), m = 24"``, ``"softmax (3)"``; a model
+    whose equation is its name is named once: ``"gated MHSA, m = 9"``."""
+    eq = equation(model, program)
+    name = eq[1:-1] if eq[1:-1].lower().replace(" ", "_") == model else f"{model} {eq}"
+    return name + ("" if heads is None else f", m = {heads}")

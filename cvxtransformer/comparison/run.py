@@ -136,13 +136,38 @@ def convex_summary(result, problem, test, val=None):
 
 
 def objective_parts(net, problem):
-    """``(sum of losses, regulariser)`` of a trained network on the training split, at ``problem.beta``."""
+    """``(sum of losses, regulariser, max |yhat|)`` of a trained network on the training split, at ``problem.beta``."""
     import torch
 
     inputs = net.encode_inputs(problem.program.X)
     with torch.no_grad():
         T = torch.as_tensor(problem.T, dtype=net.dtype, device=net.device)
-        return float(problem.loss.value(net(*inputs), T)), float(net.penalty(problem.beta))
+        Yhat = net(*inputs)
+        return (float(problem.loss.value(Yhat, T)), float(net.penalty(problem.beta)),
+                float(Yhat.abs().max()) if Yhat.numel() else 0.0)
+
+
+ZERO_OUTPUT = 1e-6  # max |yhat| at most this fraction of max |T|: the network outputs zero
+ROUNDING = 1e-9  # relative difference of two objectives read as equal
+
+
+def collapse_reasons(run, problem, max_output):
+    """Why a trained network counts as collapsed (an empty list: it did not): its output is zero
+    (``max |yhat| <= ZERO_OUTPUT max |T|``), its objective is the zero network's ``sum_i L(0, y_i)``
+    (1/2 sum y^2 for the squared loss) to rounding, or the objective did not decrease from its start."""
+    objective, start = run.objective, run.history.objective[0]
+    if objective is None or not np.isfinite(objective):
+        return []  # diverged: the status says so
+    scale = float(np.max(np.abs(problem.T))) if problem.T.size else 0.0
+    zero = float(problem.loss.value(np.zeros_like(problem.T), problem.T))
+    reasons = []
+    if max_output <= ZERO_OUTPUT * scale:
+        reasons.append(f"zero output (max |yhat| = {max_output:.2g}, max |y| = {scale:.3g})")
+    if abs(objective - zero) <= ROUNDING * max(1.0, abs(zero)):
+        reasons.append(f"objective = the zero network's sum_i L(0, y_i) = {zero:.10g}")
+    if objective >= start - ROUNDING * max(1.0, abs(start)):
+        reasons.append(f"no decrease of the objective from its start ({start:.10g})")
+    return reasons
 
 
 def model_report(model, bound, run, problem, reference, program):
@@ -150,10 +175,12 @@ def model_report(model, bound, run, problem, reference, program):
     ``reference``: the convex summary of the bounding program (or, for (3), of the comparison's
     ``program``) at this model's beta."""
     h = run.history
-    loss_sum, regularizer = objective_parts(run.network, problem)
+    loss_sum, regularizer, max_output = objective_parts(run.network, problem)
+    reasons = collapse_reasons(run, problem, max_output)
     entry = {"network": equation(model, program), "beta": problem.beta, "lr": run.lr, "objective": run.objective,
              "loss_sum": loss_sum, "regularizer": regularizer, "seconds": run.seconds, "steps": run.steps,
-             "status": run.status, "heads": getattr(run.network, "heads", 1)}
+             "status": run.status, "heads": getattr(run.network, "heads", 1), "max_abs_output": max_output,
+             "collapsed": bool(reasons), "collapse_reason": "; ".join(reasons) or None}
     if bound is not None:
         lower = reference["dual_objective"]
         gap = run.objective - lower

@@ -201,7 +201,11 @@ class Proposition1(Reduction):
         """``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` of shape (h, c, n, d), unchecked:
         the one implementation behind :meth:`coefficients` and the networks' ``effective_coefficients``."""
         Z = np.zeros((h, W3.shape[1], W1.shape[1], W2.shape[1]))
-        np.add.at(Z, gate, np.einsum("jl,jk,jd->jlkd", W3, W1, W2))
+        for g in range(h):  # one (c, d) product per gate and token: memory of Z plus one head block
+            on = gate == g
+            for k in range(W1.shape[1]):
+                rows = on & (W1[:, k] != 0)  # attention rows are often vertices of the simplex
+                Z[g, :, k] = W3[rows].T @ (W1[rows, k, None] * W2[rows])
         return Z
 
     @staticmethod
@@ -377,8 +381,11 @@ class GatedMHSAReduction(Reduction):
         """``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]`` of shape (gates, d^2, d c),
         unchecked: the one implementation behind :meth:`coefficients` and ``GatedMHSA.effective_coefficients``."""
         m, d, c = W2.shape
+        A, B = W1.transpose(0, 2, 1).reshape(m, d * d), W2.reshape(m, d * c)  # rows vec(W1j^T), vec(W2j)
         Z = np.zeros((gates, d * d, d * c))
-        np.add.at(Z, gate, np.einsum("jak,jlb->jkalb", W1, W2).reshape(m, d * d, d * c))
+        for g in range(gates):  # a sum of outer products as one product: no (m, d^2, d c) array
+            on = gate == g
+            Z[g] = A[on].T @ B[on]
         return Z
 
     @staticmethod

@@ -138,8 +138,9 @@ class AlternativeAttention(Network):
         return self.W1.shape[0]
 
     def scores(self, X):
-        """``s_ij = w_1j^T X_i w_2j``, shape (N, m)."""
-        return torch.einsum("jk,ikd,jd->ij", self.W1, X, self.W2)
+        """``s_ij = w_1j^T X_i w_2j``, shape (N, m): ``X_i w_2j`` for every token first, (N, n, m), never
+        the (N, m, d) array of ``W1 X_i`` (which an einsum of the three contracts to)."""
+        return torch.einsum("ikj,jk->ij", X @ self.W2.T, self.W1)
 
     def forward(self, X):
         return self.scores(X) @ self.W3
