@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from solvers import SOLVERS, get_solver
+from cvxtransformer.solvers import SOLVERS, get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
 from .core.result import SolveResult

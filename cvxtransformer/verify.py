@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from solvers.proxgrad import ProxGrad
+from cvxtransformer.solvers.proxgrad import ProxGrad
 
 from .core.certificate import assemble, best_dual
 from .core.errors import InvalidInputError, SolverError, invalid

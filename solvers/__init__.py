@@ -1,6 +1,6 @@
 """Solver backends of cvxtransformer.
 
-Each backend is a :class:`~solvers.base.Solver` class: its ``forms``, what it ``requires`` of the
+Each backend is a :class:`~cvxtransformer.solvers.base.Solver` class: its ``forms``, what it ``requires`` of the
 problem's loss, regulariser and program, its optional ``packages`` and ``options``, checked by
 ``validate`` before it runs. :data:`SOLVERS` is the typed registry that
 :func:`cvxtransformer.solve` looks backends up in. This package depends on

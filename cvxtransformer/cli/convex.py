@@ -153,7 +153,7 @@ def _run_distributed(args, options):
     is printed once, by rank 0."""
     import torch.distributed as dist
 
-    from solvers import distributed
+    from cvxtransformer.solvers import distributed
 
     from ..core.errors import CvxTransformerError, InvalidInputError
 
@@ -178,7 +178,7 @@ def _solve_distributed(args, options, rank):
 
     import torch.distributed as dist
 
-    from solvers import distributed
+    from cvxtransformer.solvers import distributed
 
     from ..core.data import open_data
     from ..core.io import check_output_file

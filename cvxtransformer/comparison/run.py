@@ -224,7 +224,7 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
     """Validate the arguments of :func:`compare` (no solve, no training): a :class:`Plan`."""
     from ..core.validation import check_choice, check_int, check_problem, check_tol
     from ..nn.trainer import check_training_options
-    from solvers import SOLVERS
+    from cvxtransformer.solvers import SOLVERS
 
     check_problem(problem)
     program = problem.program.name

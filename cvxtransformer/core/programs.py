@@ -13,8 +13,8 @@ When every token of X is a one-hot vector (token ids embedded as ``e_v``, as in 
 tasks) the program uses :class:`TokenOperator` instead: the same map by token lookups, about d
 times fewer multiply-adds (the same numbers to rounding).
 
-Data-parallel solves: a program whose ``shards`` is set (see :mod:`solvers.distributed`) holds one
-process's samples; its operators sum ``A^T V``, Gram matrices and block norms over the shards
+Data-parallel solves: a program whose ``shards`` is set (see :mod:`cvxtransformer.solvers.distributed`) holds
+one process's samples; its operators sum ``A^T V``, Gram matrices and block norms over the shards
 (``shards.sum_``/``shards.max_``, in place), so every process gets the whole problem's numbers.
 Memory-mapped data is streamed in chunks (:mod:`.data`).
 
@@ -271,8 +271,8 @@ class AttentionOperator(_SampleOperator):
         """``H[m] = sum_i weights[i, m] D_i^T D_i``, shape (m, F, F), for weights (N, m) on the samples;
         ``D_i`` is the gated design row of sample i (features ordered as in :meth:`gram`). These are
         the blocks of the Hessian ``A^T W A`` of a loss whose per-sample Hessians ``W_i`` have these
-        entries (the Newton model of :mod:`solvers.proxgrad.prox_newton`). Chunked like :meth:`gram`
-        and summed over the shards; samples whose weights are all zero are skipped. Gated (program
+        entries (the Newton model of :mod:`cvxtransformer.solvers.proxgrad.prox_newton`). Chunked like
+        :meth:`gram` and summed over the shards; samples whose weights are all zero are skipped. Gated (program
         (12)): block ``(j, j')`` sums over the samples where both gates are on only, gathered pair by
         pair, so the cost is
         ``sum_{j <= j'} |{i: M_ij M_ij' != 0}| (|K| d)^2 m`` instead of ``N (|J| |K| d)^2 m``
@@ -469,7 +469,7 @@ class Program:
     name = None
     regularizer_class = None
     degree = 1  # yhat is a polynomial of this degree in X (linear MHSA: 3); scales the magnitude checks
-    shards = None  # the data shards of a distributed solve (solvers.distributed); set before any operator
+    shards = None  # the data shards of a distributed solve (cvxtransformer.solvers.distributed), set before any operator
 
     def __init__(self, X):
         self.X = X

@@ -20,7 +20,7 @@ Celer-style outer loop around FISTA (:mod:`.fista`):
 The stopping rule is the certificate, never an iteration count: when ``max_iter`` or
 ``time_limit`` runs out first, the status says so and the verifier reports ``certified: false``.
 
-A sharded problem (:mod:`solvers.distributed`) is solved the same way on every process: the
+A sharded problem (:mod:`cvxtransformer.solvers.distributed`) is solved the same way on every process: the
 operators and the loss sum over the shards, every decision (step sizes, restarts, working sets,
 screening, Gram or data path, budgets) is taken from numbers that are the same on every process,
 and the replicated iterate is checked to be identical at every certified check.
