@@ -9,8 +9,9 @@ import numpy as np
 from cvxtransformer.solvers import SOLVERS, get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
+from .core.problem import check_problem
 from .core.result import SolveResult
-from .core.validation import check_positive, check_problem, check_tol
+from .core.validation import check_positive, check_tol
 from .verify import certify
 
 

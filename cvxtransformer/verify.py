@@ -23,7 +23,8 @@ from cvxtransformer.solvers.proxgrad import ProxGrad
 
 from .core.certificate import assemble, best_dual
 from .core.errors import InvalidInputError, SolverError, invalid
-from .core.validation import check_positive, check_problem, check_tol
+from .core.problem import check_problem
+from .core.validation import check_positive, check_tol
 
 REFINE_FLOOR = 1e-13  # relative gap of the refined point below which refinement stops
 

@@ -1,6 +1,7 @@
 """One direction of dependency: commands and experiments -> networks, solve and certify -> solver
 backends -> core. Each layer is imported, and used, in a fresh interpreter in which every layer
 above it is unimportable; the test fails if any of them is needed."""
+import ast
 import os
 import subprocess
 import sys
@@ -137,3 +138,56 @@ def test_an_installed_copy_has_cvxtransformer_solvers_and_no_top_level_solvers(t
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site")], capture_output=True, text=True,
                          cwd=tmp_path, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def import_graph():
+    """Module -> the package's modules it imports (at the top or inside a function), from the source."""
+    files = {}
+    for folder, prefix in (("cvxtransformer", ()), ("solvers", ("cvxtransformer",))):
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = prefix + path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module
+                targets.update([base] + [f"{base}.{alias.name}" for alias in node.names])
+        graph[name] = sorted(t for t in targets if t in files and t != name)
+    return graph
+
+
+def find_cycle(graph):
+    """One cycle of ``graph`` as a list of its nodes (the first repeated at the end), or None."""
+    state, trail = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        trail.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                return trail[trail.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        trail.pop()
+        return None
+
+    return next((cycle for node in graph if node not in state and (cycle := visit(node))), None)
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert {"cvxtransformer.core.losses", "cvxtransformer.solvers.proxgrad.driver"} <= set(graph)
+    assert "cvxtransformer.core.problem" in graph["cvxtransformer.core.reductions"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": ["b", "c"], "b": ["c"], "c": []}) is None

@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from .errors import invalid
+from .problem import check_problem
 from .regularizers import NuclearNorm
-from .validation import check_problem
 
 FORMULATIONS = ("compressed", "factored", "direct")
 GRAM_BYTES = 16 * 2**20  # design rows per chunk of the compression

@@ -144,3 +144,11 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
                       GATE_ARRAYS[refused[0]], f"leave them out, or use program {owner!r}")
     prog = fam.program.build(program, X, y_arr, T, **{k: options[k] for k in fam.options})
     return check_scale(ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta)))
+
+
+def check_problem(problem, name="problem"):
+    """A :class:`ConvexProblem` (from ``make_problem``); anything else is refused by name before it is used."""
+    if not isinstance(problem, ConvexProblem):
+        raise invalid(name, "a ConvexProblem from make_problem", type(problem).__name__,
+                      "build it with cvxtransformer.make_problem(X, y, ...)")
+    return problem

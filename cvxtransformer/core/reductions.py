@@ -47,9 +47,9 @@ import numpy as np
 from .errors import invalid
 from .gated_mhsa import GatedMHSAProgram, attention_masks
 from .mhsa import LinearMHSAProgram
+from .problem import check_problem
 from .programs import AttentionProgram
 from .registry import register
-from .validation import check_problem
 
 
 @dataclass
