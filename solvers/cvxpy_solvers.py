@@ -30,6 +30,13 @@ class CVXPYSolver(Solver):
     requires = CVXPY_FACES
     cvxpy_name = ""
     translate = {}  # our option name -> the solver's setting
+    # Memory of a CVXPY build and solve with this solver, measured (peak RSS over the interpreter's,
+    # ``ru_maxrss``) by benchmarks/memory.py on the project's machine (docs/benchmark_memory.md): per
+    # nonzero of the map CVXPY gets (and of the loss's and the regulariser's cones) and per entry of
+    # the dense Hessian block of a PSD cone (the nuclear norm's, of side p + q for Z of shape (p, q)),
+    # each the largest ratio measured, rounded up; read by core.cvxpy_builders.estimate_cvxpy_bytes.
+    bytes_per_coefficient = None
+    bytes_per_psd_entry = None
 
     def settings(self, tol, options):
         raise NotImplementedError
@@ -52,7 +59,7 @@ class CVXPYSolver(Solver):
         from cvxtransformer.core.cvxpy_builders import BUILDERS, cvxpy_coefficients, estimate_cvxpy_bytes
 
         label = problem.program.label
-        check_allocation("solver", estimate_cvxpy_bytes(problem, form, self.name, formulation),
+        check_allocation("solver", estimate_cvxpy_bytes(problem, form, self, formulation),
                          f"{self.name} on the CVXPY {form} of {label} ({cvxpy_coefficients(problem, formulation):.2g} "
                          "coefficients), which would take about",
                          "use solver='fista' (--solver fista" + (" --form primal" if form != "primal" else "")
@@ -95,6 +102,7 @@ class Clarabel(CVXPYSolver):
 
     name = "clarabel"
     cvxpy_name = "CLARABEL"
+    bytes_per_coefficient, bytes_per_psd_entry = 300, 64
     translate = {"max_iter": "max_iter", "time_limit": "time_limit"}
 
     def settings(self, tol, options):
@@ -109,6 +117,7 @@ class SCS(CVXPYSolver):
 
     name = "scs"
     cvxpy_name = "SCS"
+    bytes_per_coefficient, bytes_per_psd_entry = 450, 16
     translate = {"max_iter": "max_iters", "time_limit": "time_limit_secs"}
 
     def settings(self, tol, options):

@@ -131,9 +131,7 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
     if y_arr.ndim == 3 and y_arr.shape[1] != n:
         raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
-    if program == 8 and y_arr.ndim != 1:
-        raise invalid("y", "shape (N,) for program (8) (scalar output)", f"shape {y_arr.shape}",
-                      "use program 10 for vector or sequence targets")
+    fam.program.check_targets(program, y_arr)
     T = loss.encode(y_arr, n_classes)
     regularizer_beta = check_beta(beta)
     options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)

@@ -469,6 +469,7 @@ class Program:
     name = None
     regularizer_class = None
     degree = 1  # yhat is a polynomial of this degree in X (linear MHSA: 3); scales the magnitude checks
+    scalar_output = False  # one output per sample and targets of shape (N,): solve returns V of shape (N,)
     shards = None  # the data shards of a distributed solve (cvxtransformer.solvers.distributed), set before any operator
 
     def __init__(self, X):
@@ -476,6 +477,11 @@ class Program:
         self.N = X.shape[0]
         self._ops = {}
         self._block_norms = self._log_norm = None
+
+    @classmethod
+    def check_targets(cls, name, y):
+        """Refuse targets ``y`` (validated, before the loss encodes them) of a shape that program ``name``
+        does not take; every shape the loss takes is accepted here."""
 
     def operator(self, device="cpu", dtype=F64, chunk=None):
         """The torch operator on ``device`` in ``dtype`` (cached for the default chunking)."""
@@ -559,9 +565,17 @@ class AttentionProgram(Program):
                 raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
         return cls(12, X, T.shape[1], U1, U2)
 
+    @classmethod
+    def check_targets(cls, number, y):
+        """Program (8) has a scalar output: targets of shape (N,)."""
+        if number == 8 and y.ndim != 1:
+            raise invalid("y", "shape (N,) for program (8) (scalar output)", f"shape {y.shape}",
+                          "use program 10 for vector or sequence targets")
+
     def __init__(self, number, X, n_outputs, U1=None, U2=None):
         super().__init__(X)
         self.name = self.number = number
+        self.scalar_output = number == 8
         self.N, self.n, self.d = X.shape
         self.c = self.n_outputs = n_outputs
         self.U1, self.U2 = U1, U2
