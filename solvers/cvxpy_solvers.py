@@ -10,16 +10,12 @@ imports it).
 import time
 import warnings
 
+from cvxtransformer.core.contracts import CVXPY_BUILDERS
 from cvxtransformer.core.errors import MissingDependencyError, SolverError
 from cvxtransformer.core.result import BackendOutput
 from cvxtransformer.core.validation import check_allocation
 
 from .base import Solver
-
-CVXPY_FACES = {"loss": ("cvxpy_value", "cvxpy_dual"),
-               "regularizer": ("cvxpy_value", "cvxpy_dual_constraint"),
-               "program": ("cvxpy_variable", "cvxpy_forward", "cvxpy_adjoint", "cvxpy_blocks", "from_cvxpy",
-                           "from_blocks")}
 
 
 class CVXPYSolver(Solver):
@@ -27,7 +23,7 @@ class CVXPYSolver(Solver):
     solver's own settings (by their CVXPY names) are options."""
 
     forms = ("primal", "dual")
-    requires = CVXPY_FACES
+    requires = CVXPY_BUILDERS
     cvxpy_name = ""
     translate = {}  # our option name -> the solver's setting
     # Memory of a CVXPY build and solve with this solver, measured (peak RSS over the interpreter's,

@@ -6,7 +6,9 @@ allows and the options of ``make_problem`` that its builder takes (``U1``, ``U2`
 register themselves (:func:`register`) where their reductions are defined; the registry imports
 those modules, listed by name in :data:`MODULES`, on the first lookup. So ``make_problem`` has no
 branch per program and imports no reduction, and a new family is a module that calls
-:func:`register`, named in :data:`MODULES`.
+:func:`register`, named in :data:`MODULES`. :func:`register` checks the program class, its
+regulariser and the reduction against the contract (:mod:`.contracts`): a missing face is an error
+at registration that names it.
 
 Example
 -------
@@ -16,6 +18,7 @@ Example
 import importlib
 from dataclasses import dataclass
 
+from .contracts import PROGRAM_FACES, REDUCTION_FACES, REGULARIZER_FACES, check_faces
 from .errors import invalid
 
 MODULES = ("cvxtransformer.core.reductions",)  # importing these registers the built-in families
@@ -42,7 +45,12 @@ class Family:
 
 
 def register(name, program, reduction, losses, options=()):
-    """Register a family under ``name`` (replacing any family of that name)."""
+    """Register a family under ``name`` (replacing any family of that name), once its program class,
+    the program's regulariser and the reduction offer every face of the contract (:mod:`.contracts`);
+    otherwise one error names the missing faces."""
+    check_faces(f"register: program of family {name!r}", program, PROGRAM_FACES)
+    check_faces(f"register: regularizer of family {name!r}", program.regularizer_class, REGULARIZER_FACES)
+    check_faces(f"register: reduction of family {name!r}", reduction, REDUCTION_FACES)
     _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options))
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from cvxtransformer.core.arrays import F64, device_budget, resolve_device, resolve_dtype
+from cvxtransformer.core.contracts import NEWTON_FACES, TORCH_BACKEND
 from cvxtransformer.core.data import file_backed
 from cvxtransformer.core.errors import SolverError, invalid
 from cvxtransformer.core.result import BackendOutput, Check
@@ -105,9 +106,7 @@ class ProxGrad(Solver):
 
     name = "fista"
     forms = ("primal",)
-    requires = {"loss": ("value", "dual_variable", "dual_objective", "lipschitz", "strong_concavity", "quadratic"),
-                "regularizer": ("prox", "value", "dual_norm", "screen"),
-                "program": ("operator", "block_norms", "canonical_shape")}
+    requires = TORCH_BACKEND
     options = ("device", "dtype", "max_iter", "time_limit", "progress", "chunk_size", "init", "screen",
                "working_set", "method", "check_every", "p0", "screen_norms", "threads", "stop")
     defaults = dict(device="cpu", dtype="float64", max_iter=20_000, time_limit=None, progress=False,
@@ -116,6 +115,8 @@ class ProxGrad(Solver):
 
     def validate(self, problem, form, options):
         super().validate(problem, form, options)
+        if not problem.loss.quadratic and options.get("method") != "data":  # proximal Newton's model
+            self.check_requires(problem, NEWTON_FACES, 'pass method="data" (first order only) or another solver')
         self.checked_options(problem, options)
 
     def checked_options(self, problem, options):
