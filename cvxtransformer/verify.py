@@ -143,20 +143,25 @@ SOFTMAX = ("network: softmax attention (3) is not covered: its attention depends
 
 def _weights(network):
     """``(weights, module or None)`` from heads, a dict of arrays or one of the package's nn modules."""
-    from .core.reductions import AttentionHeads, MHSAHeads
+    import dataclasses
 
-    if isinstance(network, (AttentionHeads, MHSAHeads)):
+    from .core.registry import families
+
+    kinds = tuple(dict.fromkeys(f.reduction.heads for f in families().values()))  # each family's heads
+    if isinstance(network, kinds):
         return network, None
     if isinstance(network, dict):
         keys = set(network)
         if {"Wq", "Wk"} <= keys:
             raise InvalidInputError(SOFTMAX)
-        if {"W1", "W2", "W3"} <= keys and keys <= {"W1", "W2", "W3", "gate", "form"}:
-            return AttentionHeads(**network), None
-        if keys in ({"W1", "W2"}, {"W1", "W2", "form"}):
-            return MHSAHeads(**network), None
-        raise invalid("network", "a dict with W1, W2, W3 (and gate) for (9)/(11), or W1, W2 for (5)",
-                      f"keys {sorted(keys)}")
+        fields = {kind: [(f.name, f.default is dataclasses.MISSING) for f in dataclasses.fields(kind)]
+                  for kind in kinds}
+        for kind, named in fields.items():  # the heads whose required fields are there, and no other keys
+            if {n for n, required in named if required} <= keys <= {n for n, _ in named}:
+                return kind(**network), None
+        raise invalid("network", "a dict with " + ", or ".join(
+            ", ".join(n if required else f"({n})" for n, required in named) + f" ({kind.__name__})"
+            for kind, named in fields.items()), f"keys {sorted(keys)}")
     if getattr(network, "name", None) == "softmax":
         raise InvalidInputError(SOFTMAX)
     if hasattr(network, "to_weights") and hasattr(network, "objective"):

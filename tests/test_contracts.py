@@ -113,3 +113,15 @@ def test_program_8_rules_are_its_classs():
     r8, r10 = ct.solve(P8, "fista"), ct.solve(P10, "fista")
     assert r8.V.shape == (30,) and r10.V.shape == (30, 1)
     np.testing.assert_allclose(r8.V, r10.V[:, 0], rtol=1e-5, atol=1e-8)  # the same program, one output
+
+
+def test_generic_code_reads_the_family():
+    labels = {name: (f.label, f.gate_arrays, f.program.support_label) for name, f in registry.families().items()}
+    assert labels == {8: ("program (8)", (), "nonzero groups"), 10: ("program (10)", (), "nonzero groups"),
+                      12: ("program (12)", ("U1", "U2"), "nonzero groups"),
+                      "mhsa": ("program (6) (linear MHSA)", (), "rank"),
+                      "gated_mhsa": ("gated-ReLU MHSA program", ("H",), "rank, summed over the gates")}
+    X = np.random.default_rng(3).standard_normal((6, 3, 2))
+    for name, fam in registry.families().items():  # the label a family reports is its programs'
+        y = X[:, 0, 0] if name == 8 else X[:, 0, :1]
+        assert ct.make_problem(X, y, program=name, gates=2).program.label == fam.label

@@ -1,13 +1,11 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
+from ..core.registry import family
 from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
                       positive_int, tolerance)
 
 TORCH_ONLY = ("device", "dtype", "progress", "chunk_size")
 LOCAL = ("data", "out", "json", "verbose", "quiet", "progress", "run", "command")  # options a process may have its own of
 HEARTBEAT = 5.0  # seconds of a silent solve before a progress line
-NAMES = {"mhsa": "program (6) (linear MHSA)", "gated_mhsa": "gated-ReLU MHSA program"}
-SUPPORT = {"mhsa": "rank", "gated_mhsa": "rank, summed over the gates"}
-GATE_ARRAYS = {12: ("U1", "U2"), "gated_mhsa": ("H",)}  # the arrays that fix the gates of a program
 
 
 def _line(name, value, note=""):
@@ -18,7 +16,8 @@ def _line(name, value, note=""):
 def format_certificate(s):
     """Human-readable certificate, one named number a line (``s``: a ``--json`` summary)."""
     verdict = "CERTIFIED" if s["certified"] else "NOT CERTIFIED (relative gap above tol)"
-    program = NAMES.get(s["program"], f"program ({s['program']})")
+    fam = family(s["program"])  # its label and what its support size counts
+    program = fam.label
     lines = [
         f"{program}, {s['loss']} loss, {s['form']} form"
         + (f" ({s['formulation']} formulation)" if s.get("formulation") else "") + f", solver {s['solver']}"
@@ -40,7 +39,7 @@ def format_certificate(s):
     lines += [
         _line("KKT stationarity", f"{s['kkt_stationarity']:.3e}"),
         _line("KKT dual feasibility", f"{s['kkt_dual_feasibility']:.3e}"),
-        _line("support", s["support_size"], SUPPORT.get(s["program"], "nonzero groups")),
+        _line("support", s["support_size"], fam.program.support_label),
         _line("heads recovered", s["heads_recovered"]),
         _line("nonconvex objective", f"{s['recovered_objective']:.12g}", "recovered heads, balanced"),
     ]
@@ -283,8 +282,8 @@ def _gates(args, data, res):
 
     import numpy as np
 
-    names = GATE_ARRAYS.get(args.program)
-    if names is None:
+    names = family(args.program).gate_arrays
+    if not names:
         return None
     in_data = getattr(data, names[0]) is not None
     if names[0] not in res:

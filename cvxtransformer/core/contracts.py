@@ -19,12 +19,13 @@ PROGRAM_FACES = {
     "make_problem": ("build", "check_targets", "regularizer_class", "label", "gate_arrays", "log_norm"),
     "the verifier and the certificates": ("forward", "adjoint", "check_Z", "check_V", "on", "block_norms"),
     "the torch backend": ("operator", "_make_operator", "block_norms"),
+    "the command line": ("support_label",),
     "the CVXPY builders": ("cvxpy_formulations", "design", "cvxpy_variable", "cvxpy_forward", "cvxpy_adjoint",
                            "cvxpy_blocks", "from_cvxpy", "from_blocks"),
 }
 REDUCTION_FACES = {
     "recover_weights, nonconvex_objective and certify_network": ("check_form", "invert", "coefficients",
-                                                                 "objective"),
+                                                                 "objective", "heads"),
     "the reduction of a network (Reduction.apply) and compare": ("apply", "networks", "equations"),
 }
 LOSS_FACES = {

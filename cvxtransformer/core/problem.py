@@ -12,10 +12,9 @@ import numpy as np
 
 from .errors import invalid
 from .losses import get_loss
-from .registry import families, family
+from .registry import GATE_ARRAYS, families, family
 from .validation import check_array, check_beta, check_scale
 
-GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
 
 
 class ConvexProblem:

@@ -470,6 +470,8 @@ class Program:
     regularizer_class = None
     degree = 1  # yhat is a polynomial of this degree in X (linear MHSA: 3); scales the magnitude checks
     scalar_output = False  # one output per sample and targets of shape (N,): solve returns V of shape (N,)
+    support_label = None  # what the support size counts, in the command line's certificate
+    any_length = False  # on(X) takes sequences of any length n (the weights are shared over tokens)
     shards = None  # the data shards of a distributed solve (cvxtransformer.solvers.distributed), set before any operator
 
     def __init__(self, X):
@@ -546,6 +548,7 @@ class AttentionProgram(Program):
     """
 
     regularizer_class = GroupLasso
+    support_label = "nonzero groups"
 
     @classmethod
     def build(cls, number, X, y, T, U1=None, U2=None, gates=None, gate_seed=0):

@@ -22,6 +22,7 @@ from .contracts import PROGRAM_FACES, REDUCTION_FACES, REGULARIZER_FACES, check_
 from .errors import invalid
 
 MODULES = ("cvxtransformer.core.reductions",)  # importing these registers the built-in families
+GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
 _FAMILIES = {}
 
 
@@ -42,6 +43,17 @@ class Family:
     reduction: type
     losses: tuple
     options: tuple = ()
+
+    @property
+    def label(self):
+        """How the program is named to users: its class's ``label`` where that is fixed, else
+        ``"program (name)"``."""
+        return self.program.label if isinstance(self.program.label, str) else f"program ({self.name})"
+
+    @property
+    def gate_arrays(self):
+        """The arrays of ``make_problem`` that fix this program's gates (``U1``, ``U2`` or ``H``; none)."""
+        return tuple(k for k in self.options if k in GATE_ARRAYS)
 
 
 def register(name, program, reduction, losses, options=()):
