@@ -690,7 +690,8 @@ def test_command_help_imports_neither_numpy_nor_torch_nor_transformers():
     # the base: the command line's package (its other commands import numpy, not torch)
     code = ("import json, sys; import cvxtransformer.cli; heavy = {'numpy', 'torch', 'transformers'}; "
             "base = sorted(heavy & set(sys.modules)); import argparse; "
-            "from cvxtransformer.cli import energy as command; p = argparse.ArgumentParser(); command.configure(p); p.format_help(); "
+            "from cvxtransformer.cli import energy as command; p = argparse.ArgumentParser(); "
+            "command.configure(p); p.format_help(); "
             "print(json.dumps([base, sorted(heavy & set(sys.modules))]))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout

@@ -264,8 +264,9 @@ def estimate_cvxpy_bytes(problem, form, solver, formulation="auto"):
     :mod:`cvxtransformer.solvers`, which measured its own costs) will take, estimated before any of it:
     ``solver.bytes_per_coefficient`` per nonzero of the map (:func:`cvxpy_coefficients`), of the loss's
     cones (2 per output for the squared loss, 8 for an exponential cone) and of the regulariser's; for
-    the nuclear norm, ``solver.bytes_per_psd_entry`` per entry of each PSD cone's Hessian block ((t (t + 1) / 2)^2 for a cone of side t = p + q: what
-    makes "mhsa" with d = 12 out of reach, whatever N); and the arrays the builder itself holds.
+    the nuclear norm, ``solver.bytes_per_psd_entry`` per entry of each PSD cone's Hessian block
+    ((t (t + 1) / 2)^2 for a cone of side t = p + q: what makes "mhsa" with d = 12 out of reach,
+    whatever N); and the arrays the builder itself holds.
     Calibrated against measured peaks (the estimate is at or above every one;
     docs/benchmark_memory.md).
 

@@ -16,7 +16,6 @@ from .registry import GATE_ARRAYS, families, family
 from .validation import check_array, check_beta, check_scale
 
 
-
 class ConvexProblem:
     """A program with a loss, encoded targets and a regulariser; build with :func:`make_problem`.
 
