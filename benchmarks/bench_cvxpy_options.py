@@ -45,7 +45,7 @@ def instance(case):
 
 
 def clarabel_settings(variant):
-    from solvers.cvxpy_solvers import Clarabel
+    from cvxtransformer.solvers.cvxpy_solvers import Clarabel
 
     settings = Clarabel().settings(1e-7, {})
     if variant == "faer":

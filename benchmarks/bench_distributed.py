@@ -40,8 +40,8 @@ from common import DOCS, commit, load, machine, write_doc  # noqa: E402
 
 import cvxtransformer as ct  # noqa: E402
 from cvxtransformer.core.data import DataSet, open_data  # noqa: E402
-from solvers import distributed  # noqa: E402
-from solvers.proxgrad import ProxGrad  # noqa: E402
+from cvxtransformer.solvers import distributed  # noqa: E402
+from cvxtransformer.solvers.proxgrad import ProxGrad  # noqa: E402
 
 # GPU constants of the predictions (assumptions, stated in docs/scaling.md)
 H100_BYTES = 80e9

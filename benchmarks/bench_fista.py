@@ -1,7 +1,7 @@
 """Time to a certified relative gap of 1e-6: the torch backend against its peers (issues 3 and 24).
 
-The same instances for every solver: ``solvers.proxgrad.ProxGrad`` (ours), skglm's GroupBCD and (logistic)
-GroupProxNewton, celer's GroupLasso (squared loss), CVXPY+Clarabel and CVXPY+SCS. Every solution is
+The same instances for every solver: ``cvxtransformer.solvers.proxgrad.ProxGrad`` (ours), skglm's GroupBCD and
+(logistic) GroupProxNewton, celer's GroupLasso (squared loss), CVXPY+Clarabel and CVXPY+SCS. Every solution is
 certified by our verifier (docs/conventions.md, relative gap <= 1e-6); peers with their own tolerance are
 swept (see ``benchmarks/fista_peers.py``). Also: a warm-started beta path with gap-safe screening, the
 per-iteration cost of the data path against the two products it must do, and float32.
@@ -192,8 +192,8 @@ def _fit_warm(name, problem, D, tol, w0):
 def bench_iteration(inst, dtype, iters=60):
     """Seconds per proximal-gradient iteration on the data path (whole problem, gap checks
     every 10 iterations included) against one forward and one adjoint product of the same op."""
-    from solvers.proxgrad.fista import Budget, fista
-    from solvers.proxgrad.smooth import DataSmooth
+    from cvxtransformer.solvers.proxgrad.fista import Budget, fista
+    from cvxtransformer.solvers.proxgrad.smooth import DataSmooth
 
     problem = make(inst)
     p = problem.program
@@ -225,7 +225,7 @@ def bench_float32(quick):
     cases = [Instance(8, "squared", 5000 if quick else 100_000, 16, 32, 0.8),
              Instance(12, "squared", 5000 if quick else 100_000, 8, 16, 0.0, heads=16),
              Instance(8, "logistic", 5000 if quick else 100_000, 16, 32, 0.8)]
-    from solvers.proxgrad import ProxGrad
+    from cvxtransformer.solvers.proxgrad import ProxGrad
 
     out = []
     for inst in cases:

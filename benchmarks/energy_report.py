@@ -5,7 +5,7 @@
 Writes, under --out:
 
 * ``unfolded/``, ``standard/``, ``minilm/``: ``energy.json`` and ``energy.png`` of
-  ``cvxtransformer energy --model ...`` (run through :mod:`cvxtransformer.energy.command`);
+  ``cvxtransformer energy --model ...`` (run through :mod:`cvxtransformer.cli.energy`);
 * ``theorem_3_1.png`` and ``corollary_4_5.png``;
 * ``numbers.json``: every number the page quotes (Theorem 3.1 counts, the counterexample,
   Corollary 4.5 per distance, MiniLM per layer under three energy settings, timings).
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from cvxtransformer.core.io import prepare_out_dir, save_figure, write_json  # noqa: E402
 from cvxtransformer.energy import (attention_energy, attention_step, energy, energy_gradient, mm_step,  # noqa: E402
                                    unfolded_step)
-from cvxtransformer.energy import command  # noqa: E402
+from cvxtransformer.cli import energy as command  # noqa: E402
 
 
 def run_command(argv, quiet):

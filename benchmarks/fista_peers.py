@@ -49,7 +49,7 @@ def gap_of(problem, Z, V=None):
 
 def run_fista(problem, repeats=3, **options):
     """fista on one CPU thread, like every peer (skglm, celer, Clarabel, SCS are single-threaded)."""
-    from solvers.proxgrad import ProxGrad
+    from cvxtransformer.solvers.proxgrad import ProxGrad
 
     options.setdefault("threads", 1)
     seconds, out = timed(lambda: ProxGrad().solve(problem, tol=TARGET, **options), repeats)
@@ -62,7 +62,7 @@ def run_fista(problem, repeats=3, **options):
 
 
 def run_cvxpy(problem, solver, time_cap=None, repeats=1):
-    from solvers import get_solver
+    from cvxtransformer.solvers import get_solver
 
     options = {} if time_cap is None else {"time_limit": time_cap}
     backend = get_solver(solver)

@@ -253,8 +253,8 @@ def write(parts, out, figure, quick=False):
     if missing:
         L.append(f"| {', '.join(missing)} | not run | | | | |")
     caps = first.get("caps", {})
-    L += ["", "- Timed: fista = `solvers.proxgrad.ProxGrad.solve` end to end (numpy -> torch, Gram and Hessian "
-          "matrices, every certificate check), float64, CPU, **one thread** (torch.set_num_threads(1): skglm, "
+    L += ["", "- Timed: fista = `cvxtransformer.solvers.proxgrad.ProxGrad.solve` end to end (numpy -> torch, Gram and "
+          "Hessian matrices, every certificate check), float64, CPU, **one thread** (torch.set_num_threads(1): skglm, "
           "celer, Clarabel and SCS are single-threaded too, and a second thread only stalls on a shared machine); "
           "skglm = `GroupBCD.solve` (squared and logistic) and `GroupProxNewton.solve` (logistic) on the "
           "Fortran-ordered design (alpha = beta/N, as its loss is averaged), each swept over tol = 1e-5 ... 1e-10 "

@@ -46,6 +46,7 @@ import json, resource, sys, warnings
 import numpy as np
 import cvxtransformer as ct
 from cvxtransformer.core.cvxpy_builders import BUILDERS, cvxpy_coefficients, estimate_cvxpy_bytes
+from cvxtransformer.solvers import SOLVERS
 program, loss, form, formulation, solver, N, n, d, c = json.loads(sys.argv[1])
 rng = np.random.default_rng(0)
 X = rng.standard_normal((N, n, d))
@@ -62,7 +63,7 @@ with warnings.catch_warnings():
     except Exception:
         pass
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"measured": peak - base, "estimate": estimate_cvxpy_bytes(problem, form, solver, formulation),
+print(json.dumps({"measured": peak - base, "estimate": estimate_cvxpy_bytes(problem, form, SOLVERS[solver], formulation),
                   "coefficients": cvxpy_coefficients(problem, formulation)}))
 """
 

@@ -10,7 +10,8 @@ duals, solves them, and certifies any solution.
 Layers (each imports only the ones below it; see docs/architecture.md):
 
 * :mod:`cvxtransformer.core`: losses, regularisers, programs, problems, certificates, reductions;
-* :mod:`solvers` (a sibling package): Clarabel, SCS and the torch proximal-gradient backend;
+* :mod:`cvxtransformer.solvers` (the folder ``solvers/`` at the repository's top level): Clarabel,
+  SCS and the torch proximal-gradient backend;
 * :func:`solve`, :func:`certify`, :func:`solve_path`, :mod:`cvxtransformer.nn` (nonconvex
   networks and their trainer), :mod:`cvxtransformer.datasets`;
 * :mod:`cvxtransformer.cli` and :mod:`cvxtransformer.experiments`.
@@ -19,8 +20,17 @@ The names below are loaded on first use, so that importing a lower layer never i
 upper one (and ``import cvxtransformer`` is instant).
 """
 import importlib as _importlib
+import os as _os
 
 __version__ = "0.2.0"
+
+# ``cvxtransformer.solvers`` is the folder solvers/ at the repository's top level. An install puts it
+# inside this package (pyproject.toml's package-dir); in a source checkout (or an editable install)
+# it is beside it, and is found there by adding the checkout to this package's search path.
+_CHECKOUT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "solvers")) and \
+        _os.path.isfile(_os.path.join(_CHECKOUT, "solvers", "__init__.py")):
+    __path__.append(_CHECKOUT)
 
 _EXPORTS = {
     "cvxtransformer.core.errors": ("CvxTransformerError", "InvalidInputError", "MissingDependencyError", "SolverError"),

@@ -52,7 +52,6 @@ from .solving import solve
 
 __all__ = ["AttentionClassifier", "AttentionRegressor", "GatedMHSAClassifier", "GatedMHSARegressor", "MHSAClassifier",
            "MHSARegressor", "TokenStandardScaler"]
-SEQUENCE_PROGRAMS = {"mhsa": "MHSARegressor or MHSAClassifier", "gated_mhsa": "GatedMHSARegressor or GatedMHSAClassifier"}
 
 
 class _ConvexEstimator(BaseEstimator):
@@ -64,8 +63,12 @@ class _ConvexEstimator(BaseEstimator):
         if len(self._programs) == 1:
             return self._programs[0]
         program = parse_program(self.program)
-        if program in SEQUENCE_PROGRAMS:
-            raise invalid("program", "8, 10 or 12", repr(program), f"use {SEQUENCE_PROGRAMS[program]} for {program!r}")
+        if program not in self._programs:
+            *first, last = map(str, self._programs)
+            takers = [cls.__name__ for base in _ConvexEstimator.__subclasses__() for cls in base.__subclasses__()
+                      if program in cls._programs]
+            raise invalid("program", f"{', '.join(first)} or {last}", repr(program),
+                          f"use {' or '.join(takers)} for {program!r}" if takers else "use make_problem and solve")
         return program
 
     def _solve(self, X, y, loss, n_classes=None):
@@ -97,7 +100,7 @@ class _ConvexEstimator(BaseEstimator):
         X = check_array("X", X, 3, "shape (N, n, d)")
         program = self.problem_.program
         n, d = program.X.shape[1:]
-        if program.name in SEQUENCE_PROGRAMS:
+        if program.any_length:
             if X.shape[2] != d:
                 raise invalid("X", f"tokens of dimension d = {d}, as in fit", f"shape {X.shape}")
         elif X.shape[1:] != (n, d):

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .core.errors import invalid
+from .core.problem import check_problem
 from .core.result import SolveResult
-from .core.validation import check_array, check_fraction, check_positive, check_problem
+from .core.validation import check_array, check_fraction, check_positive
 from .solving import solve
 
 

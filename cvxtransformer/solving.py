@@ -6,11 +6,12 @@ import time
 
 import numpy as np
 
-from solvers import SOLVERS, get_solver
+from cvxtransformer.solvers import SOLVERS, get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
+from .core.problem import check_problem
 from .core.result import SolveResult
-from .core.validation import check_positive, check_problem, check_tol
+from .core.validation import check_positive, check_tol
 from .verify import certify
 
 
@@ -38,7 +39,7 @@ def choose_solver(problem, form="primal", options=None, tol=1e-6):
         return "clarabel", "auto: option formulation is CVXPY's"
     formulation = options.get("formulation", "auto")
     size = float(cvxpy_coefficients(problem, formulation))
-    need, room = estimate_cvxpy_bytes(problem, form, formulation=formulation), available_bytes()
+    need, room = estimate_cvxpy_bytes(problem, form, clarabel, formulation), available_bytes()
     if size <= AUTO_COEFFICIENTS and need <= room / 2:
         return "clarabel", f"auto: a small problem ({size:.2g} CVXPY coefficients <= {AUTO_COEFFICIENTS:.0e})"
     why = f"{size:.2g} CVXPY coefficients > {AUTO_COEFFICIENTS:.0e}" if size > AUTO_COEFFICIENTS else \
@@ -141,7 +142,7 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol)
     if screened is None:
         screened = gap_safe_screen(problem, cert.V, cert.duality_gap)
-    V_out = cert.V[:, 0] if program.n_outputs == 1 and program.name == 8 else cert.V
+    V_out = cert.V[:, 0] if program.scalar_output else cert.V
     return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver, solver_choice=choice,
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
                        build_seconds=times[0], solve_seconds=times[1], iterations=iterations,

@@ -20,11 +20,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from solvers.proxgrad import ProxGrad
+from cvxtransformer.solvers.proxgrad import ProxGrad
 
 from .core.certificate import assemble, best_dual, relative_gap, rounding_floor, verdict
 from .core.errors import InvalidInputError, SolverError, invalid
-from .core.validation import check_positive, check_problem, check_tol
+from .core.problem import check_problem
+from .core.validation import check_positive, check_tol
 
 REFINE_FLOOR = 1e-13  # relative gap of the refined point below which refinement stops
 
@@ -152,22 +153,25 @@ SOFTMAX = ("network: softmax attention (3) is not covered: its attention depends
 
 def _weights(network):
     """``(weights, module or None)`` from heads, a dict of arrays or one of the package's nn modules."""
-    from .core.reductions import AttentionHeads, GatedMHSAHeads, MHSAHeads
+    import dataclasses
 
-    if isinstance(network, (AttentionHeads, MHSAHeads, GatedMHSAHeads)):
+    from .core.registry import families
+
+    kinds = tuple(dict.fromkeys(f.reduction.heads for f in families().values()))  # each family's heads
+    if isinstance(network, kinds):
         return network, None
     if isinstance(network, dict):
         keys = set(network)
         if {"Wq", "Wk"} <= keys:
             raise InvalidInputError(SOFTMAX)
-        if {"W1", "W2", "W3"} <= keys and keys <= {"W1", "W2", "W3", "gate", "form"}:
-            return AttentionHeads(**network), None
-        if keys in ({"W1", "W2"}, {"W1", "W2", "form"}):
-            return MHSAHeads(**network), None
-        if keys in ({"W1", "W2", "gate"}, {"W1", "W2", "gate", "form"}):
-            return GatedMHSAHeads(**network), None
-        raise invalid("network", "a dict with W1, W2, W3 (and gate) for (9)/(11), W1, W2 for (5), or W1, W2, gate "
-                      "for gated MHSA", f"keys {sorted(keys)}")
+        fields = {kind: [(f.name, f.default is dataclasses.MISSING) for f in dataclasses.fields(kind)]
+                  for kind in kinds}
+        for kind, named in fields.items():  # the heads whose required fields are there, and no other keys
+            if {n for n, required in named if required} <= keys <= {n for n, _ in named}:
+                return kind(**network), None
+        raise invalid("network", "a dict with " + ", or ".join(
+            ", ".join(n if required else f"({n})" for n, required in named) + f" ({kind.__name__})"
+            for kind, named in fields.items()), f"keys {sorted(keys)}")
     if getattr(network, "name", None) == "softmax":
         raise InvalidInputError(SOFTMAX)
     if hasattr(network, "to_weights") and hasattr(network, "objective"):

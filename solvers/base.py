@@ -13,9 +13,11 @@ from cvxtransformer.core.errors import InvalidInputError, MissingDependencyError
 
 
 class Solver:
-    """Base class of the solver backends (see the module docstring)."""
+    """Base class of the solver backends (see the module docstring). A subclass sets ``name`` and
+    defines ``solve(problem, form="primal", tol=1e-6, verbose=False, **options) -> BackendOutput``;
+    ``cvxtransformer.solvers.register`` checks them (:data:`~cvxtransformer.core.contracts.SOLVER_FACES`)."""
 
-    name = ""
+    name = None
     forms = ("primal",)
     requires = {}  # role ("loss", "regularizer", "program") -> attribute names it must offer
     packages = {}  # importable module -> pip command
@@ -28,20 +30,22 @@ class Solver:
         for module, command in self.packages.items():
             if importlib.util.find_spec(module) is None:
                 raise MissingDependencyError(f"solver: {self.name} needs the package {module!r}; {command}")
-        objects = {"loss": problem.loss, "regularizer": problem.regularizer, "program": problem.program}
-        for role, attributes in self.requires.items():
-            missing = [a for a in attributes if not hasattr(objects[role], a)]
-            if missing:
-                raise InvalidInputError(
-                    f"solver: {self.name!r} cannot solve {problem.program.label} with "
-                    f"{type(objects[role]).__name__}: it needs {role}.{missing[0]}; choose another solver")
+        self.check_requires(problem, self.requires)
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise invalid(unknown[0], f"an option of solver {self.name!r} ({', '.join(self.options) or 'none'})",
                           repr(options[unknown[0]]), "leave it out or choose another solver")
 
-    def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
-        raise NotImplementedError
+    def check_requires(self, problem, requires, fix="choose another solver"):
+        """Raise an error naming the first face of ``requires`` (role -> attribute names) that the
+        problem's loss, regulariser or program lacks."""
+        objects = {"loss": problem.loss, "regularizer": problem.regularizer, "program": problem.program}
+        for role, attributes in requires.items():
+            missing = [a for a in attributes if getattr(objects[role], a, None) is None]
+            if missing:
+                raise InvalidInputError(
+                    f"solver: {self.name!r} cannot solve {problem.program.label} with "
+                    f"{type(objects[role]).__name__}: it needs {role}.{missing[0]}; {fix}")
 
     def __repr__(self):
         return f"{type(self).__name__}()"

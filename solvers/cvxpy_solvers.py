@@ -12,16 +12,12 @@ import threading
 import time
 import warnings
 
+from cvxtransformer.core.contracts import CVXPY_BUILDERS
 from cvxtransformer.core.errors import MissingDependencyError, SolverError, invalid
 from cvxtransformer.core.result import BackendOutput
 from cvxtransformer.core.validation import check_allocation, check_int, check_positive
 
 from .base import Solver
-
-CVXPY_FACES = {"loss": ("cvxpy_value", "cvxpy_dual"),
-               "regularizer": ("cvxpy_value", "cvxpy_dual_constraint"),
-               "program": ("cvxpy_variable", "cvxpy_forward", "cvxpy_adjoint", "cvxpy_blocks", "from_cvxpy",
-                           "from_blocks")}
 
 
 def interruptible(call, poll=0.05):
@@ -58,10 +54,17 @@ class CVXPYSolver(Solver):
     solver's own settings (by their CVXPY names) are options."""
 
     forms = ("primal", "dual")
-    requires = CVXPY_FACES
+    requires = CVXPY_BUILDERS
     cvxpy_name = ""
     translate = {}  # our option name -> the solver's setting
     max_iter_limit = 0  # the largest iteration budget the solver's integer type holds
+    # Memory of a CVXPY build and solve with this solver, measured (peak RSS over the interpreter's,
+    # ``ru_maxrss``) by benchmarks/memory.py on the project's machine (docs/benchmark_memory.md): per
+    # nonzero of the map CVXPY gets (and of the loss's and the regulariser's cones) and per entry of
+    # the dense Hessian block of a PSD cone (the nuclear norm's, of side p + q for Z of shape (p, q)),
+    # each the largest ratio measured, rounded up; read by core.cvxpy_builders.estimate_cvxpy_bytes.
+    bytes_per_coefficient = None
+    bytes_per_psd_entry = None
 
     def settings(self, tol, options):
         raise NotImplementedError
@@ -91,7 +94,7 @@ class CVXPYSolver(Solver):
         from cvxtransformer.core.cvxpy_builders import BUILDERS, cvxpy_coefficients, estimate_cvxpy_bytes
 
         label = problem.program.label
-        check_allocation("solver", estimate_cvxpy_bytes(problem, form, self.name, formulation),
+        check_allocation("solver", estimate_cvxpy_bytes(problem, form, self, formulation),
                          f"{self.name} on the CVXPY {form} of {label} ({cvxpy_coefficients(problem, formulation):.2g} "
                          "coefficients), which would take about",
                          "use solver='fista' (--solver fista" + (" --form primal" if form != "primal" else "")
@@ -135,6 +138,7 @@ class Clarabel(CVXPYSolver):
 
     name = "clarabel"
     cvxpy_name = "CLARABEL"
+    bytes_per_coefficient, bytes_per_psd_entry = 300, 64
     translate = {"max_iter": "max_iter", "time_limit": "time_limit"}
     max_iter_limit = 2**32 - 1  # a u32
 
@@ -150,6 +154,7 @@ class SCS(CVXPYSolver):
 
     name = "scs"
     cvxpy_name = "SCS"
+    bytes_per_coefficient, bytes_per_psd_entry = 450, 16
     translate = {"max_iter": "max_iters", "time_limit": "time_limit_secs"}
     max_iter_limit = 2**31 - 1  # scs_int, a C int in the wheels (larger values wrap silently)
 

@@ -22,7 +22,7 @@ Launch with ``torchrun --nproc-per-node K -m cvxtransformer solve DATA ... --sol
 --distributed``, or in Python (every process, under torchrun)::
 
     import cvxtransformer as ct
-    from solvers.distributed import init, shard_problem
+    from cvxtransformer.solvers.distributed import init, shard_problem
     device = init()                                  # "cpu" (gloo) or "cuda:LOCAL_RANK" (NCCL)
     problem = shard_problem(ct.make_problem(X, y, program=10, beta=0.5))   # keeps this rank's rows
     result = ct.solve(problem, "fista", device=device)                     # V: this rank's rows

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import cvxtransformer as ct
-import solvers
+from cvxtransformer import solvers
 from cvxtransformer.core.certificate import screen_solution
 from cvxtransformer.core.result import BackendOutput
 

@@ -12,6 +12,7 @@ from cvxtransformer.cli import main
 from cvxtransformer.core.cvxpy_builders import BYTES_FIXED, LeastSquares, estimate_cvxpy_bytes, offered_formulations
 from cvxtransformer.core.data import open_data
 from cvxtransformer.core.errors import InvalidInputError
+from cvxtransformer.solvers import Clarabel
 from cvxtransformer.testing import check_gap
 
 from conftest import CASES, MHSA_CASES, case_id, random_problem
@@ -133,7 +134,7 @@ def test_the_memory_estimate_of_the_compact_forms_does_not_grow_with_N():
         X = np.random.default_rng(0).standard_normal((N, 8, 6))
         y = X[:, :, :2] if program == "mhsa" else (X[:, 0, :2] if loss == "squared" else np.sign(X[:, 0, 0]))
         problem = ct.make_problem(X, y, program=program, loss=loss, beta=1.0)
-        return estimate_cvxpy_bytes(problem, "primal", formulation=formulation)
+        return estimate_cvxpy_bytes(problem, "primal", Clarabel, formulation=formulation)
 
     assert estimate(10_000, "compressed") == estimate(100, "compressed")
     fixed = BYTES_FIXED  # the interpreter's and CVXPY's own, whatever the problem

@@ -25,8 +25,8 @@ import torch.multiprocessing as mp
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main
-from solvers import distributed
-from solvers.distributed import ShardedLoss, shard_problem
+from cvxtransformer.solvers import distributed
+from cvxtransformer.solvers.distributed import ShardedLoss, shard_problem
 
 from conftest import CASES, case_id, cuda, random_problem
 
@@ -253,7 +253,7 @@ def _cli(rank, argv, fault):
     """``cvxtransformer solve ... --distributed`` in this (already joined) process; ``fault`` makes
     rank 1 exit, raise or hang at its second certified check."""
     if fault and rank == 1:
-        from solvers.proxgrad import certifier
+        from cvxtransformer.solvers.proxgrad import certifier
 
         check, calls = certifier.Certifier.check, []
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from cvxtransformer.cli import energy as command
 from cvxtransformer.core.errors import InvalidInputError, MissingDependencyError
 from cvxtransformer.datasets.pretrained import load_pretrained, minilm_path
 from cvxtransformer.datasets.text import all_sentences, english_sentences
@@ -22,7 +23,7 @@ from cvxtransformer.energy import (Quadratic, UnfoldedTransformer, aim_region, a
                                    attention_energy_gradient, attention_step, attention_weights, energy,
                                    energy_gradient, ffn_energy, ffn_map, ffn_step, majorizer, mm_step, psd_factor,
                                    relu_prox, softmax_beta, unfolded_step)
-from cvxtransformer.energy import command, measure, runs
+from cvxtransformer.energy import measure, runs
 
 torch.set_num_threads(1)
 
@@ -687,9 +688,11 @@ def test_command_out_dir_that_is_a_file(tmp_path):
 
 
 def test_command_help_imports_neither_numpy_nor_torch_nor_transformers():
-    code = ("import json, sys; import cvxtransformer; heavy = {'numpy', 'torch', 'transformers'}; "
-            "base = sorted(heavy & set(sys.modules)); import argparse; from cvxtransformer.energy import command; "
-            "p = argparse.ArgumentParser(); command.configure(p); p.format_help(); "
+    # the base: the command line's package (its other commands import numpy, not torch)
+    code = ("import json, sys; import cvxtransformer.cli; heavy = {'numpy', 'torch', 'transformers'}; "
+            "base = sorted(heavy & set(sys.modules)); import argparse; "
+            "from cvxtransformer.cli import energy as command; p = argparse.ArgumentParser(); "
+            "command.configure(p); p.format_help(); "
             "print(json.dumps([base, sorted(heavy & set(sys.modules))]))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout

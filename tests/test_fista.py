@@ -9,8 +9,8 @@ import torch
 import cvxtransformer as ct
 from cvxtransformer.cli import main
 from cvxtransformer.core.errors import InvalidInputError
-from solvers import SOLVERS
-from solvers.proxgrad import ProxGrad
+from cvxtransformer.solvers import SOLVERS
+from cvxtransformer.solvers.proxgrad import ProxGrad
 
 from conftest import CASES, case_id, cuda, random_problem
 
@@ -132,8 +132,8 @@ def test_slow_progress_is_not_called_a_precision_floor(monkeypatch, dtype):
     """A gap far above the working precision that shrinks by under 1% per 30 checks is slow
     convergence, not a precision floor: in float64 the inner loop runs on to its budget; in float32,
     whose floor (a million roundings, 0.12) lies above this gap, it stops as stalled."""
-    from solvers.proxgrad import driver
-    from solvers.proxgrad import fista as fista_module
+    from cvxtransformer.solvers.proxgrad import driver
+    from cvxtransformer.solvers.proxgrad import fista as fista_module
 
     real_gap, real_fista, reasons = fista_module.gap_terms, fista_module.fista, []
 

@@ -1,14 +1,17 @@
 """One direction of dependency: commands and experiments -> networks, solve and certify -> solver
 backends -> core. Each layer is imported, and used, in a fresh interpreter in which every layer
 above it is unimportable; the test fails if any of them is needed."""
+import ast
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 CORE = ["cvxtransformer.core"]
-SOLVERS = ["solvers"]
+SOLVERS = ["cvxtransformer.solvers"]
 API = ["cvxtransformer.solving", "cvxtransformer.verify", "cvxtransformer.path", "cvxtransformer.comparison",
        "cvxtransformer.nn",
        "cvxtransformer.datasets", "cvxtransformer.testing", "cvxtransformer.estimators", "cvxtransformer.energy"]
@@ -30,7 +33,7 @@ USE = {
     "solvers": """
         import numpy as np
         from cvxtransformer.core.problem import make_problem
-        from solvers import get_solver
+        from cvxtransformer.solvers import get_solver
         X = np.random.default_rng(0).standard_normal((10, 3, 2))
         P = make_problem(X, X[:, 0, :], program=10, beta=0.5)
         for name in ("clarabel", "scs", "fista"):
@@ -90,6 +93,102 @@ def test_a_layer_needs_no_layer_above_it(layer):
 
 
 def test_the_block_really_blocks():
-    code = SCRIPT.format(blocked=["solvers"], roots=["cvxtransformer.solving"], use="")
+    code = SCRIPT.format(blocked=SOLVERS, roots=["cvxtransformer.solving"], use="")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode != 0 and "layer violation: solvers" in out.stderr
+    assert out.returncode != 0 and "layer violation: cvxtransformer.solvers" in out.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_installs_every_package_folder_and_solvers_inside_the_package():
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {"cvxtransformer.solvers": "solvers"}
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "cvxtransformer").rglob("__init__.py")}
+    folders |= {".".join(("cvxtransformer",) + p.parent.relative_to(ROOT).parts)
+                for p in (ROOT / "solvers").rglob("__init__.py")}
+    assert sorted(config["packages"]) == sorted(folders)
+
+
+@pytest.mark.slow
+def test_an_installed_copy_has_cvxtransformer_solvers_and_no_top_level_solvers(tmp_path):
+    """A wheel built from this checkout, installed into a folder and imported from elsewhere (neither the
+    checkout nor an editable install's finder on the path): ``cvxtransformer.solvers`` works, ``solvers`` is
+    not a top-level package."""
+    pytest.importorskip("setuptools")
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run(pip + ["wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w")],
+                   check=True, capture_output=True)
+    wheel, = (tmp_path / "w").glob("*.whl")
+    subprocess.run(pip + ["install", "--no-deps", "--no-index", "--target", str(tmp_path / "site"), str(wheel)],
+                   check=True, capture_output=True)
+    code = textwrap.dedent("""
+        import sys
+        sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+        import cvxtransformer
+        from cvxtransformer.solvers import get_solver
+        assert cvxtransformer.__file__.startswith(sys.argv[1]), cvxtransformer.__file__
+        assert get_solver("fista").name == "fista"
+        try:
+            import solvers
+        except ModuleNotFoundError:
+            print("ok")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site")], capture_output=True, text=True,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def import_graph():
+    """Module -> the package's modules it imports (at the top or inside a function), from the source."""
+    files = {}
+    for folder, prefix in (("cvxtransformer", ()), ("solvers", ("cvxtransformer",))):
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = prefix + path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module
+                targets.update([base] + [f"{base}.{alias.name}" for alias in node.names])
+        graph[name] = sorted(t for t in targets if t in files and t != name)
+    return graph
+
+
+def find_cycle(graph):
+    """One cycle of ``graph`` as a list of its nodes (the first repeated at the end), or None."""
+    state, trail = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        trail.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                return trail[trail.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        trail.pop()
+        return None
+
+    return next((cycle for node in graph if node not in state and (cycle := visit(node))), None)
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert {"cvxtransformer.core.losses", "cvxtransformer.solvers.proxgrad.driver"} <= set(graph)
+    assert "cvxtransformer.core.problem" in graph["cvxtransformer.core.reductions"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": ["b", "c"], "b": ["c"], "c": []}) is None

@@ -18,6 +18,7 @@ from cvxtransformer.core import losses as losses_module
 from cvxtransformer.core import validation
 from cvxtransformer.core.cvxpy_builders import design_size, estimate_cvxpy_bytes
 from cvxtransformer.core.errors import InvalidInputError
+from cvxtransformer.solvers import SCS, Clarabel
 
 from test_user_errors import assert_one_line_error
 
@@ -84,14 +85,14 @@ def test_the_estimate_counts_the_coefficients_of_the_cvxpy_design(program, c, sh
     assert design_size(problem) == (N * rows_per_sample, features, columns)
     assert problem.program.design().shape == (N * rows_per_sample, features)
     assert columns * features == np.prod(problem.program.shape)
-    estimate = estimate_cvxpy_bytes(problem, "primal", formulation="direct")
-    assert estimate >= 300 * N * rows_per_sample * features * columns  # BYTES_PER_COEFFICIENT["clarabel"]
-    assert estimate_cvxpy_bytes(problem, "primal", "scs", "direct") > estimate or program == "mhsa"
+    estimate = estimate_cvxpy_bytes(problem, "primal", Clarabel, formulation="direct")
+    assert estimate >= 300 * N * rows_per_sample * features * columns  # Clarabel.bytes_per_coefficient
+    assert estimate_cvxpy_bytes(problem, "primal", SCS, "direct") > estimate or program == "mhsa"
 
 
 def test_a_cvxpy_build_that_would_not_fit_is_refused_naming_the_option(tmp_path, capsys, little_memory, monkeypatch):
     problem = problem_of(200, 8, 16, 4)
-    need = estimate_cvxpy_bytes(problem, "primal")
+    need = estimate_cvxpy_bytes(problem, "primal", Clarabel)
     little_memory(need / 3)
     from cvxtransformer.core import cvxpy_builders
 

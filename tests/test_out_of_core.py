@@ -144,7 +144,7 @@ def test_a_certified_check_reads_streamed_data_once(tmp_path, monkeypatch, progr
     """On streamed data, yhat, the dual point and A^T V come from one pass (each row read once), and the
     check's numbers are those of the verifier's function with a forward and an adjoint pass."""
     from cvxtransformer.core.certificate import scaled_residual
-    from solvers.proxgrad.certifier import Certifier
+    from cvxtransformer.solvers.proxgrad.certifier import Certifier
 
     rng = np.random.default_rng(7)
     X = rng.standard_normal((53, 4, 3)).astype(np.float32)

@@ -90,7 +90,7 @@ def test_a_long_solve_says_so_and_quiet_silences_it(data, capsys, monkeypatch):
     import time
 
     from cvxtransformer.cli import convex
-    from solvers.proxgrad import ProxGrad
+    from cvxtransformer.solvers.proxgrad import ProxGrad
 
     real = ProxGrad.solve
 

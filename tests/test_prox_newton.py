@@ -12,9 +12,9 @@ import torch
 import cvxtransformer as ct
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.losses import get_loss
-from solvers.distributed import shard_problem
-from solvers.proxgrad import driver, prox_newton
-from solvers.proxgrad.smooth import DataSmooth
+from cvxtransformer.solvers.distributed import shard_problem
+from cvxtransformer.solvers.proxgrad import driver, prox_newton
+from cvxtransformer.solvers.proxgrad.smooth import DataSmooth
 
 from conftest import GROUP_LASSO_CASES, MHSA_CASES, case_id, random_problem, random_targets
 from test_distributed import launch
@@ -332,7 +332,7 @@ def test_newton_on_support_stops_once_its_decrement_is_below_stop():
     """With ``stop = 0`` the iterate is the stationary point of phi (H z - b + beta z_g / ||z_g|| = 0,
     checked from its definition); with a stop, the point it returns is within ``stop`` of that
     minimum (a Newton step of decrement ``lambda^2 <= stop`` leaves O(lambda^4))."""
-    from solvers.proxgrad.newton import newton_on_support
+    from cvxtransformer.solvers.proxgrad.newton import newton_on_support
     rng = np.random.default_rng(3)
     m, d, beta = 12, 4, 0.05
     A = rng.standard_normal((200, m * d))
@@ -359,7 +359,7 @@ def test_newton_on_support_ends_where_its_decrement_is_at_phis_rounding(monkeypa
     decreases phi. That is convergence, not a failed support: each support's Newton solve returns its
     point (it returned None here, and the point at the third beta took 360 first-order iterations to a
     gap of 9.9e-7 instead of a polish at iteration 120 to 7e-8)."""
-    from solvers.proxgrad import newton
+    from cvxtransformer.solvers.proxgrad import newton
     outcomes, real = [], newton.newton_on_support
 
     def spy(*args, **kwargs):
@@ -379,7 +379,7 @@ def test_newton_on_support_with_float32_factors_reaches_the_float64_point():
     """A float32 factorisation refined once in float64: the same stationary point (to rounding, not
     to float32's precision), and the same early stops; where the Hessian is singular in float32
     (eigenvalues 2 and 1e-12), the float64 factorisation takes over and the iterates are its own."""
-    from solvers.proxgrad.newton import newton_on_support
+    from cvxtransformer.solvers.proxgrad.newton import newton_on_support
     rng = np.random.default_rng(5)
     m, d, beta = 10, 3, 0.1
     A = rng.standard_normal((150, m * d))

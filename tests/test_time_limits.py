@@ -13,7 +13,7 @@ import torch
 import cvxtransformer as ct
 from cvxtransformer.core.errors import InvalidInputError, SolverError
 from cvxtransformer.core.regularizers import GroupLasso
-from solvers.proxgrad.fista import Budget, fista
+from cvxtransformer.solvers.proxgrad.fista import Budget, fista
 
 CORE = ["--program", "10", "--loss", "squared"]
 LIMIT = 5  # seconds allowed by the failing commands (--time-limit 5, --refine-time 5)
@@ -161,7 +161,7 @@ def test_an_overflowing_step_is_a_solver_error_that_says_what_to_do(need, what):
 
 
 def test_a_non_finite_objective_inside_a_solve_is_a_solver_error(monkeypatch):
-    from solvers.proxgrad import certifier
+    from cvxtransformer.solvers.proxgrad import certifier
 
     rng = np.random.default_rng(3)
     X = rng.standard_normal((20, 3, 2))

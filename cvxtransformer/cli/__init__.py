@@ -18,9 +18,8 @@ import threading
 import traceback
 
 from .. import __version__
-from ..energy import command as energy
 from ..experiments import gates, grok, kernel, ladder, spectra, suite
-from . import bert_data, compare, convex
+from . import bert_data, compare, convex, energy
 
 COMMANDS = {
     "solve": (convex.configure_solve, convex.run_solve,

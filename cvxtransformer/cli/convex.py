@@ -1,13 +1,11 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
+from ..core.registry import family
 from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
                       positive_int, tolerance)
 
 TORCH_ONLY = ("device", "dtype", "progress", "chunk_size")
 LOCAL = ("data", "out", "json", "verbose", "quiet", "progress", "run", "command")  # options a process may have its own of
 HEARTBEAT = 5.0  # seconds of a silent solve before a progress line
-NAMES = {"mhsa": "program (6) (linear MHSA)", "gated_mhsa": "gated-ReLU MHSA program"}
-SUPPORT = {"mhsa": "rank", "gated_mhsa": "rank, summed over the gates"}
-GATE_ARRAYS = {12: ("U1", "U2"), "gated_mhsa": ("H",)}  # the arrays that fix the gates of a program
 
 
 def _line(name, value, note=""):
@@ -20,7 +18,8 @@ def format_certificate(s):
     by = s.get("certified_by")
     verdict = ("CERTIFIED" + (" (gap <= atol)" if by == "absolute" else "") if s["certified"]
                else "NOT CERTIFIED (" + (s.get("note") or "relative gap above tol") + ")")
-    program = NAMES.get(s["program"], f"program ({s['program']})")
+    fam = family(s["program"])  # its label and what its support size counts
+    program = fam.label
     if s.get("given_Z"):  # verify: Z read from a file; how it was solved, where RESULT's summary says
         how = f"{s['given_Z']}" + (f" (solved by {s['solver']}, {s['form']} form)" if s.get("solver") else "")
         head = f"{program}, {s['loss']} loss, Z from {how}"
@@ -51,7 +50,7 @@ def format_certificate(s):
     lines += [
         _line("KKT stationarity", f"{s['kkt_stationarity']:.3e}"),
         _line("KKT dual feasibility", f"{s['kkt_dual_feasibility']:.3e}"),
-        _line("support", s["support_size"], SUPPORT.get(s["program"], "nonzero groups")),
+        _line("support", s["support_size"], fam.program.support_label),
         _line("heads recovered", s["heads_recovered"]),
         _line("nonconvex objective", f"{s['recovered_objective']:.12g}", "recovered heads, balanced"),
     ]
@@ -194,7 +193,7 @@ def _run_distributed(args, options):
     is printed once, by rank 0."""
     import torch.distributed as dist
 
-    from solvers import distributed
+    from cvxtransformer.solvers import distributed
 
     from ..core.errors import CvxTransformerError, InvalidInputError
 
@@ -219,7 +218,7 @@ def _solve_distributed(args, options, rank):
 
     import torch.distributed as dist
 
-    from solvers import distributed
+    from cvxtransformer.solvers import distributed
 
     from ..core.data import open_data
     from ..core.io import check_output_file
@@ -304,7 +303,7 @@ def run_verify(args):
         print("cvxtransformer verify: note: RESULT holds no data fingerprint (written by an older version, or "
               "not by solve --out): it could not be checked that DATA is the data it was solved on", file=sys.stderr)
     else:
-        names = GATE_ARRAYS.get(args.program, ())
+        names = family(args.program).gate_arrays
         in_data = bool(names) and getattr(data, names[0]) is not None
         arrays = {k: getattr(data, k) for k in names} if in_data else problem.program.gate_arrays()
         if _gates_fingerprint(arrays) != fingerprint.get("gates"):
@@ -379,8 +378,8 @@ def _gates(args, data, res, note=True):
 
     import numpy as np
 
-    names = GATE_ARRAYS.get(args.program)
-    if names is None:
+    names = family(args.program).gate_arrays
+    if not names:
         return None
     in_data = getattr(data, names[0]) is not None
     if names[0] not in res:

@@ -23,6 +23,7 @@ figure (saved and closed), whose axes and lines can be read.
 import numpy as np
 
 from ..core.io import save_figure
+from .models import equation
 
 COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
           "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown"}
@@ -312,3 +313,20 @@ def plot_singular_values(convex, networks, beta, path, program="program (6)"):
         fig.suptitle(f"Singular values of each Z_g, {program} (beta = {beta:.4g})")
     save_figure(fig, path)
     return fig
+
+
+def plot_grid(comparison, path):
+    """``tuning.png``: the validation loss over the grid of every model and exact program."""
+    t = comparison.tuning
+    lrs, fracs = t["lr_grid"], t["beta_grid"]
+    grids = {}
+    for model, m in t["models"].items():
+        i = [(r["lr"], r["beta_fraction"]) for r in m["grid"]].index((m["chosen"]["lr"], m["chosen"]["beta_fraction"]))
+        grids[f"{model} {equation(model, comparison.problem.program.name)}"] = {
+            "lr": lrs, "beta_frac": fracs, "chosen": divmod(i, len(fracs)),
+            "loss": np.array([r["validation_loss"] for r in m["grid"]], dtype=float).reshape(len(lrs), len(fracs))}
+    convex = {}
+    for p, c in t["convex_exact"].items():
+        convex[p] = {"beta_frac": np.array(fracs), "chosen": fracs.index(c["chosen"]["beta_fraction"]),
+                           "loss": np.array([r["validation_loss"] for r in c["grid"]], dtype=float)}
+    plot_tuning(grids, convex, path)

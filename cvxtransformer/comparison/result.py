@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .models import equation
+from ..core.certificate import relative_gap
+from .models import MODELS, equation
 
 
 @dataclass
@@ -227,7 +228,7 @@ class Comparison:
                            {p: {"test_loss": c["test_loss"], "label": self._convex_label(p)}
                             for p, c in self.convex.items()}, os.path.join(folder, files[-1]))
         if self.tuning is not None:
-            from .tuning import plot_grid
+            from .plots import plot_grid
 
             files.append("tuning.png")
             plot_grid(self, os.path.join(folder, files[-1]))
@@ -323,3 +324,100 @@ def label(model, program, heads):
     eq = equation(model, program)
     name = eq[1:-1] if eq[1:-1].lower().replace(" ", "_") == model else f"{model} {eq}"
     return name + ("" if heads is None else f", m = {heads}")
+
+
+def head_counts(plan, model, problem, solution):
+    """The head counts ``model`` is trained with: the given ones, or its default; [None] when the
+    model has no head count (softmax attention, the convex model)."""
+    default = MODELS[model].default_heads
+    if default is None:
+        return [None]
+    return plan.heads or default(problem, solution)
+
+
+def convex_summary(result, problem, test, val=None):
+    """The certificate of an exact solve, with the training loss and the regulariser apart, and the
+    validation and test loss (mean per sample) and accuracy."""
+    cert = result.certificate
+    out = {"beta": problem.beta, "primal_objective": cert.primal_objective, "dual_objective": cert.dual_objective,
+           "duality_gap": cert.duality_gap, "relative_gap": cert.relative_gap, "certified": cert.certified,
+           "residual_relative_gap": cert.residual_relative_gap, "dual_source": cert.dual_source,
+           "support_size": cert.support_size, "heads_recovered": cert.heads_recovered,
+           "solve_seconds": result.solve_seconds, "refine_seconds": cert.refine_seconds, "status": result.status}
+    Yhat = problem.program.forward(result.Z)
+    out["loss_sum"] = float(problem.loss.value(Yhat, problem.T))
+    out["regularizer"] = float(problem.regularizer.value(result.Z))
+    out["train_loss"], out["train_accuracy"] = problem.loss.metrics(Yhat, problem.T)
+    for name, split in (("validation", val), ("test", test)):
+        out[f"{name}_loss"] = out[f"{name}_accuracy"] = None
+        if split is not None:
+            out[f"{name}_loss"], out[f"{name}_accuracy"] = problem.loss.metrics(
+                problem.program.on(split[0]).forward(result.Z), split[1])
+    if val is None:
+        del out["validation_loss"], out["validation_accuracy"]
+    return out
+
+
+def objective_parts(net, problem):
+    """``(sum of losses, regulariser, max |yhat|)`` of a trained network on the training split, at ``problem.beta``."""
+    import torch
+
+    inputs = net.encode_inputs(problem.program.X)
+    with torch.no_grad():
+        T = torch.as_tensor(problem.T, dtype=net.dtype, device=net.device)
+        Yhat = net(*inputs)
+        return (float(problem.loss.value(Yhat, T)), float(net.penalty(problem.beta)),
+                float(Yhat.abs().max()) if Yhat.numel() else 0.0)
+
+
+ZERO_OUTPUT = 1e-6  # max |yhat| at most this fraction of max |T|: the network outputs zero
+ROUNDING = 1e-9  # relative difference of two objectives read as equal
+
+
+def collapse_reasons(run, problem, max_output):
+    """Why a trained network counts as collapsed (an empty list: it did not): its output is zero
+    (``max |yhat| <= ZERO_OUTPUT max |T|``), its objective is the zero network's ``sum_i L(0, y_i)``
+    (1/2 sum y^2 for the squared loss) to rounding, or the objective did not decrease from its start."""
+    objective, start = run.objective, run.history.objective[0]
+    if objective is None or not np.isfinite(objective):
+        return []  # diverged: the status says so
+    scale = float(np.max(np.abs(problem.T))) if problem.T.size else 0.0
+    zero = float(problem.loss.value(np.zeros_like(problem.T), problem.T))
+    reasons = []
+    if max_output <= ZERO_OUTPUT * scale:
+        reasons.append(f"zero output (max |yhat| = {max_output:.2g}, max |y| = {scale:.3g})")
+    if abs(objective - zero) <= ROUNDING * max(1.0, abs(zero)):
+        reasons.append(f"objective = the zero network's sum_i L(0, y_i) = {zero:.10g}")
+    if objective >= start - ROUNDING * max(1.0, abs(start)):
+        reasons.append(f"no decrease of the objective from its start ({start:.10g})")
+    return reasons
+
+
+def model_report(model, bound, run, problem, reference, program):
+    """One model's entry of the report. ``bound``: its bounding problem (None for (3));
+    ``reference``: the convex summary of the bounding program (or, for (3), of the comparison's
+    ``program``) at this model's beta."""
+    h = run.history
+    loss_sum, regularizer, max_output = objective_parts(run.network, problem)
+    reasons = collapse_reasons(run, problem, max_output)
+    entry = {"network": equation(model, program), "beta": problem.beta, "lr": run.lr, "objective": run.objective,
+             "loss_sum": loss_sum, "regularizer": regularizer, "seconds": run.seconds, "steps": run.steps,
+             "status": run.status, "heads": getattr(run.network, "heads", 1), "max_abs_output": max_output,
+             "collapsed": bool(reasons), "collapse_reason": "; ".join(reasons) or None}
+    if bound is not None:
+        lower = reference["dual_objective"]
+        gap = run.objective - lower
+        entry.update(bounding_program=bound.program.name, certified_lower_bound=lower, certified_gap=gap,
+                     relative_certified_gap=relative_gap(run.objective, lower), bound_applies=True)
+    else:
+        optimum = reference["primal_objective"]
+        entry.update(bounding_program=None, certified_lower_bound=reference["dual_objective"],
+                     certified_gap=None, bound_applies=False, compared_with_program=program, convex_optimum=optimum,
+                     objective_minus_convex_optimum=run.objective - optimum,
+                     note=f"network {equation(model, program)} is not covered by the bound (docs/conventions.md): "
+                          "the convex optimum is a comparison point, and certified_lower_bound is D(V) of that "
+                          "program, not a bound on this network; " + (MODELS[model].note or
+                          "its regulariser (weight decay) is not the convex one, so compare losses, not objectives"))
+    entry.update(train_loss=h.train_loss[-1], test_loss=h.test_loss[-1], train_accuracy=h.train_accuracy[-1],
+                 test_accuracy=h.test_accuracy[-1])
+    return entry

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..solving import solve
 from .models import equation
-from .run import convex_summary, head_counts, model_report
+from .result import convex_summary, head_counts, model_report
 
 CRITERION = "mean validation loss per sample of the final iterate (diverged: +inf); ties: first in grid order"
 
@@ -129,22 +129,3 @@ def run_tuned(plan):
 
 def _same(a, b):
     return (a == b) or (not math.isfinite(a) and not math.isfinite(b))
-
-
-def plot_grid(comparison, path):
-    """``tuning.png``: the validation loss over the grid of every model and exact program."""
-    from .plots import plot_tuning
-
-    t = comparison.tuning
-    lrs, fracs = t["lr_grid"], t["beta_grid"]
-    grids = {}
-    for model, m in t["models"].items():
-        i = [(r["lr"], r["beta_fraction"]) for r in m["grid"]].index((m["chosen"]["lr"], m["chosen"]["beta_fraction"]))
-        grids[f"{model} {equation(model, comparison.problem.program.name)}"] = {
-            "lr": lrs, "beta_frac": fracs, "chosen": divmod(i, len(fracs)),
-            "loss": np.array([r["validation_loss"] for r in m["grid"]], dtype=float).reshape(len(lrs), len(fracs))}
-    convex = {}
-    for p, c in t["convex_exact"].items():
-        convex[p] = {"beta_frac": np.array(fracs), "chosen": fracs.index(c["chosen"]["beta_fraction"]),
-                           "loss": np.array([r["validation_loss"] for r in c["grid"]], dtype=float)}
-    plot_tuning(grids, convex, path)

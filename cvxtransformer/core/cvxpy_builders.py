@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from .errors import invalid
+from .problem import check_problem
 from .regularizers import NuclearNorm
-from .validation import check_problem
 
 FORMULATIONS = ("compressed", "factored", "direct")
 GRAM_BYTES = 16 * 2**20  # design rows per chunk of the compression
@@ -231,13 +231,6 @@ def build_dual(problem, formulation="auto"):
 BUILDERS = {"primal": build_primal, "dual": build_dual}
 
 
-# Memory of a CVXPY build and solve, measured (peak RSS over the interpreter's, ``ru_maxrss``) by
-# benchmarks/memory.py on the project's machine (docs/benchmark_memory.md): per nonzero of the map
-# CVXPY gets (and of the loss's and the regulariser's cones) and per entry of the dense Hessian block
-# of a PSD cone (the nuclear norm's, of side p + q for Z of shape (p, q)), each the largest ratio
-# measured, rounded up.
-BYTES_PER_COEFFICIENT = {"clarabel": 300, "scs": 450}
-BYTES_PER_PSD_ENTRY = {"clarabel": 64, "scs": 16}
 BYTES_FIXED = 80 * 2**20  # the interpreter's growth by importing CVXPY (lazily) and the solver's setup
 
 
@@ -265,23 +258,25 @@ def cvxpy_coefficients(problem, formulation="auto"):
     return rows * features * columns
 
 
-def estimate_cvxpy_bytes(problem, form="primal", solver="clarabel", formulation="auto"):
+def estimate_cvxpy_bytes(problem, form, solver, formulation="auto"):
     """Peak bytes that building ``problem`` in ``form`` ("primal" or "dual", the same to this
-    precision) and ``formulation`` with CVXPY and solving it with ``solver`` ("clarabel" or "scs")
-    will take, estimated before any of it: ``BYTES_PER_COEFFICIENT`` per nonzero of the map
-    (:func:`cvxpy_coefficients`), of the loss's cones (2 per output for the squared loss, 8 for an
-    exponential cone) and of the regulariser's; for the nuclear norm, ``BYTES_PER_PSD_ENTRY`` per
-    entry of each PSD cone's Hessian block ((t (t + 1) / 2)^2 for a cone of side t = p + q: what
-    makes "mhsa" with d = 12 out of reach, whatever N); and the arrays the builder itself holds.
+    precision) and ``formulation`` with CVXPY and solving it with ``solver`` (a CVXPY backend of
+    :mod:`cvxtransformer.solvers`, which measured its own costs) will take, estimated before any of it:
+    ``solver.bytes_per_coefficient`` per nonzero of the map (:func:`cvxpy_coefficients`), of the loss's
+    cones (2 per output for the squared loss, 8 for an exponential cone) and of the regulariser's; for
+    the nuclear norm, ``solver.bytes_per_psd_entry`` per entry of each PSD cone's Hessian block
+    ((t (t + 1) / 2)^2 for a cone of side t = p + q: what makes "mhsa" with d = 12 out of reach,
+    whatever N); and the arrays the builder itself holds.
     Calibrated against measured peaks (the estimate is at or above every one;
     docs/benchmark_memory.md).
 
     Example
     -------
     >>> import numpy as np, cvxtransformer as ct
+    >>> from cvxtransformer.solvers import Clarabel
     >>> X = np.random.default_rng(0).standard_normal((10_000, 8, 16))
     >>> P = ct.make_problem(X, X[:, 0, :4], program=10, beta=1.0)
-    >>> [estimate_cvxpy_bytes(P, formulation=f) // 2**20 for f in ("direct", "compressed")]   # MiB
+    >>> [estimate_cvxpy_bytes(P, "primal", Clarabel, f) // 2**20 for f in ("direct", "compressed")]   # MiB
     [1577, 115]
     """
     formulation = choose_formulation(problem, formulation)
@@ -301,7 +296,7 @@ def estimate_cvxpy_bytes(problem, form="primal", solver="clarabel", formulation=
     if isinstance(problem.regularizer, NuclearNorm):
         blocks, side = size // (shape[-2] * shape[-1]), shape[-2] + shape[-1]
         cones = blocks * side * (side + 1) // 2 + size
-        dense = BYTES_PER_PSD_ENTRY[solver] * blocks * (side * (side + 1) / 2) ** 2
+        dense = solver.bytes_per_psd_entry * blocks * (side * (side + 1) / 2) ** 2
     loss = outputs * (2 if problem.loss.quadratic else 8)
     coefficients = cvxpy_coefficients(problem, formulation) + loss + cones
-    return int(BYTES_PER_COEFFICIENT[solver] * coefficients + dense + held + BYTES_FIXED)
+    return int(solver.bytes_per_coefficient * coefficients + dense + held + BYTES_FIXED)

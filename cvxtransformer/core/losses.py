@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .arrays import F64, numpy_face, to_numpy, to_tensor
+from .contracts import LOSS_FACES, check_faces
 from .errors import InvalidInputError, invalid
 from .validation import check_allocation, check_int
 
@@ -96,16 +97,14 @@ def project_rows_to_simplex(P):
 
 
 class Loss:
-    """Base class: see the module docstring for the contract."""
+    """Base class: see the module docstring. A subclass sets ``name`` and defines the faces of
+    :data:`~.contracts.LOSS_FACES`, ``encode(y, n_classes=None)`` (validate raw targets ``y``, return
+    the encoded targets ``T`` of shape (N, c)) among them; :func:`register_loss` checks them."""
 
-    name = ""
+    name = None
     quadratic = False
     lipschitz = 1.0
     strong_concavity = 1.0
-
-    def encode(self, y, n_classes=None):
-        """Validate raw targets ``y`` and return the encoded targets ``T`` of shape (N, c)."""
-        raise NotImplementedError
 
     def gradient(self, Yhat, T):
         """``grad L(Yhat)``, shape (N, c)."""
@@ -339,7 +338,19 @@ class CrossEntropyLoss(Loss):
         return cp.sum(cp.entr(T - V)), [cp.sum(V, axis=1) == 0]
 
 
-LOSSES = {cls.name: cls for cls in (SquaredLoss, LogisticLoss, CrossEntropyLoss)}
+LOSSES = {}
+
+
+def register_loss(cls):
+    """Add the loss class ``cls`` to :data:`LOSSES` under ``cls.name`` once it offers every face of the
+    contract (:data:`~.contracts.LOSS_FACES`); otherwise one error names the missing faces."""
+    check_faces(f"register_loss: loss {getattr(cls, 'name', None)!r}", cls, LOSS_FACES)
+    LOSSES[cls.name] = cls
+    return cls
+
+
+for _loss in (SquaredLoss, LogisticLoss, CrossEntropyLoss):
+    register_loss(_loss)
 
 
 def get_loss(loss):

@@ -275,6 +275,8 @@ class LinearMHSAProgram(Program):
     name = "mhsa"
     label = "program (6) (linear MHSA)"
     regularizer_class = NuclearNorm
+    support_label = "rank"
+    any_length = True
     degree = 3  # yhat_i = sum_kl G_i[k, l] X_i Z^(k,l) with G_i = X_i^T X_i: cubic in X
 
     @classmethod

@@ -14,10 +14,8 @@ from .data import file_backed
 from .errors import invalid
 from .fingerprint import fingerprint
 from .losses import are_class_labels, encode_classes, get_loss
-from .registry import families, family
+from .registry import GATE_ARRAYS, families, family
 from .validation import check_array, check_beta, check_int, check_positive, check_scale
-
-GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
 
 
 class ConvexProblem:
@@ -181,9 +179,7 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
                       "give y one column per output, e.g. shape (N,) or (N, c)")
     if y_arr.ndim == 3 and y_arr.shape[1] != n:
         raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
-    if program == 8 and y_arr.ndim != 1:
-        raise invalid("y", "shape (N,) for program (8) (scalar output)", f"shape {y_arr.shape}",
-                      "use program 10 for vector or sequence targets")
+    fam.program.check_targets(program, y_arr)
     T = loss.encode(y_arr, n_classes)  # new, or a view of y_arr
     T.flags.writeable = False
     U1, U2, H = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H))  # copies: the caller's change
@@ -214,3 +210,11 @@ def _owned(a, given):
         a = a.copy()
     a.flags.writeable = False
     return a
+
+
+def check_problem(problem, name="problem"):
+    """A :class:`ConvexProblem` (from ``make_problem``); anything else is refused by name before it is used."""
+    if not isinstance(problem, ConvexProblem):
+        raise invalid(name, "a ConvexProblem from make_problem", type(problem).__name__,
+                      "build it with cvxtransformer.make_problem(X, y, ...)")
+    return problem

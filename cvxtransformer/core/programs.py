@@ -13,8 +13,8 @@ When every token of X is a one-hot vector (token ids embedded as ``e_v``, as in 
 tasks) the program uses :class:`TokenOperator` instead: the same map by token lookups, about d
 times fewer multiply-adds (the same numbers to rounding).
 
-Data-parallel solves: a program whose ``shards`` is set (see :mod:`solvers.distributed`) holds one
-process's samples; its operators sum ``A^T V``, Gram matrices and block norms over the shards
+Data-parallel solves: a program whose ``shards`` is set (see :mod:`cvxtransformer.solvers.distributed`) holds
+one process's samples; its operators sum ``A^T V``, Gram matrices and block norms over the shards
 (``shards.sum_``/``shards.max_``, in place), so every process gets the whole problem's numbers.
 Memory-mapped data is streamed in chunks (:mod:`.data`).
 
@@ -271,8 +271,8 @@ class AttentionOperator(_SampleOperator):
         """``H[m] = sum_i weights[i, m] D_i^T D_i``, shape (m, F, F), for weights (N, m) on the samples;
         ``D_i`` is the gated design row of sample i (features ordered as in :meth:`gram`). These are
         the blocks of the Hessian ``A^T W A`` of a loss whose per-sample Hessians ``W_i`` have these
-        entries (the Newton model of :mod:`solvers.proxgrad.prox_newton`). Chunked like :meth:`gram`
-        and summed over the shards; samples whose weights are all zero are skipped. Gated (program
+        entries (the Newton model of :mod:`cvxtransformer.solvers.proxgrad.prox_newton`). Chunked like
+        :meth:`gram` and summed over the shards; samples whose weights are all zero are skipped. Gated (program
         (12)): block ``(j, j')`` sums over the samples where both gates are on only, gathered pair by
         pair, so the cost is
         ``sum_{j <= j'} |{i: M_ij M_ij' != 0}| (|K| d)^2 m`` instead of ``N (|J| |K| d)^2 m``
@@ -469,13 +469,21 @@ class Program:
     name = None
     regularizer_class = None
     degree = 1  # yhat is a polynomial of this degree in X (linear MHSA: 3); scales the magnitude checks
-    shards = None  # the data shards of a distributed solve (solvers.distributed); set before any operator
+    scalar_output = False  # one output per sample and targets of shape (N,): solve returns V of shape (N,)
+    support_label = None  # what the support size counts, in the command line's certificate
+    any_length = False  # on(X) takes sequences of any length n (the weights are shared over tokens)
+    shards = None  # the data shards of a distributed solve (cvxtransformer.solvers.distributed), set before any operator
 
     def __init__(self, X):
         self.X = X
         self.N = X.shape[0]
         self._ops = {}
         self._block_norms = self._log_norm = None
+
+    @classmethod
+    def check_targets(cls, name, y):
+        """Refuse targets ``y`` (validated, before the loss encodes them) of a shape that program ``name``
+        does not take; every shape the loss takes is accepted here."""
 
     def operator(self, device="cpu", dtype=F64, chunk=None):
         """The torch operator on ``device`` in ``dtype`` (cached for the default chunking)."""
@@ -540,6 +548,7 @@ class AttentionProgram(Program):
     """
 
     regularizer_class = GroupLasso
+    support_label = "nonzero groups"
 
     @classmethod
     def build(cls, number, X, y, T, U1=None, U2=None, gates=None, gate_seed=0):
@@ -562,9 +571,17 @@ class AttentionProgram(Program):
                 raise invalid("U1, U2", f"shapes (h, {n}) and (h, {d})", f"{U1.shape} and {U2.shape}")
         return cls(12, X, T.shape[1], U1, U2)
 
+    @classmethod
+    def check_targets(cls, number, y):
+        """Program (8) has a scalar output: targets of shape (N,)."""
+        if number == 8 and y.ndim != 1:
+            raise invalid("y", "shape (N,) for program (8) (scalar output)", f"shape {y.shape}",
+                          "use program 10 for vector or sequence targets")
+
     def __init__(self, number, X, n_outputs, U1=None, U2=None):
         super().__init__(X)
         self.name = self.number = number
+        self.scalar_output = number == 8
         self.N, self.n, self.d = X.shape
         self.c = self.n_outputs = n_outputs
         self.U1, self.U2 = U1, U2

@@ -47,9 +47,9 @@ import numpy as np
 from .errors import invalid
 from .gated_mhsa import GatedMHSAProgram, attention_masks
 from .mhsa import LinearMHSAProgram
+from .problem import check_problem
 from .programs import AttentionProgram
 from .registry import register
-from .validation import check_problem
 
 
 @dataclass
@@ -115,7 +115,8 @@ class Reduction:
     """A convexification and its inverse: ``apply`` (network and data -> convex problem), ``invert``
     (Z -> the network's weights), ``coefficients`` (weights -> Z), ``objective`` (the network's
     objective at weights, in numpy). ``networks`` maps each network this reduction covers to its
-    convex program; ``equations`` each program to the equation of the network it bounds."""
+    convex program; ``equations`` each program to the equation of the network it bounds; ``heads``
+    is the dataclass of the network's weights (what ``invert`` returns)."""
 
     forms = ("balanced",)
     networks = {}
@@ -150,6 +151,7 @@ def _bilinear(W1, X, W2, chunk=256):
 
 class Proposition1(Reduction):
     """Proposition 1 of Ergen et al.: networks (6)/(9) and (11) <-> programs (10) (or (8)) and (12)."""
+    heads = AttentionHeads
 
     forms = ("balanced", "lemma1")
     networks = {"alternative": 10, "alternative_scalar": 8, "gated": 12}
@@ -252,6 +254,7 @@ class Proposition1(Reduction):
 
 class LinearMHSAReduction(Reduction):
     """Sahiner et al.'s theorem: the linear MHSA network (5) <-> program (6)."""
+    heads = MHSAHeads
 
     networks = {"linear_mhsa": "mhsa"}
     equations = {"mhsa": "(5)"}
@@ -344,6 +347,7 @@ class GatedMHSAReduction(Reduction):
     these gates once each gate g holds ``rank(Z*_g)`` heads (``sum_g rank(Z*_g)`` in all), and a lower
     bound for any number of heads.
     """
+    heads = GatedMHSAHeads
 
     networks = {"gated_mhsa": "gated_mhsa"}
     equations = {"gated_mhsa": "(gated MHSA)"}

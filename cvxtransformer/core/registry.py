@@ -6,7 +6,9 @@ allows and the options of ``make_problem`` that its builder takes (``U1``, ``U2`
 register themselves (:func:`register`) where their reductions are defined; the registry imports
 those modules, listed by name in :data:`MODULES`, on the first lookup. So ``make_problem`` has no
 branch per program and imports no reduction, and a new family is a module that calls
-:func:`register`, named in :data:`MODULES`.
+:func:`register`, named in :data:`MODULES`. :func:`register` checks the program class, its
+regulariser and the reduction against the contract (:mod:`.contracts`): a missing face is an error
+at registration that names it.
 
 Example
 -------
@@ -16,9 +18,11 @@ Example
 import importlib
 from dataclasses import dataclass
 
+from .contracts import PROGRAM_FACES, REDUCTION_FACES, REGULARIZER_FACES, check_faces
 from .errors import invalid
 
 MODULES = ("cvxtransformer.core.reductions",)  # importing these registers the built-in families
+GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
 _FAMILIES = {}
 
 
@@ -40,9 +44,25 @@ class Family:
     losses: tuple
     options: tuple = ()
 
+    @property
+    def label(self):
+        """How the program is named to users: its class's ``label`` where that is fixed, else
+        ``"program (name)"``."""
+        return self.program.label if isinstance(self.program.label, str) else f"program ({self.name})"
+
+    @property
+    def gate_arrays(self):
+        """The arrays of ``make_problem`` that fix this program's gates (``U1``, ``U2`` or ``H``; none)."""
+        return tuple(k for k in self.options if k in GATE_ARRAYS)
+
 
 def register(name, program, reduction, losses, options=()):
-    """Register a family under ``name`` (replacing any family of that name)."""
+    """Register a family under ``name`` (replacing any family of that name), once its program class,
+    the program's regulariser and the reduction offer every face of the contract (:mod:`.contracts`);
+    otherwise one error names the missing faces."""
+    check_faces(f"register: program of family {name!r}", program, PROGRAM_FACES)
+    check_faces(f"register: regularizer of family {name!r}", program.regularizer_class, REGULARIZER_FACES)
+    check_faces(f"register: reduction of family {name!r}", reduction, REDUCTION_FACES)
     _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options))
 
 

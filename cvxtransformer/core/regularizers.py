@@ -25,9 +25,10 @@ SCREENING_MARGIN = 1e-9  # relative margin of every screening test: rounding nev
 
 
 class Regularizer:
-    """``R(Z) = beta * norm(Z)``; see the module docstring."""
+    """``R(Z) = beta * norm(Z)``; see the module docstring. A subclass sets ``name`` and defines the
+    faces of :data:`~.contracts.REGULARIZER_FACES` (checked when a family using it is registered)."""
 
-    name = ""
+    name = None
 
     def __init__(self, beta):
         self.beta = float(beta)

@@ -274,17 +274,6 @@ def check_gates_memory(gates, per_gate):
                      lambda room: f"use fewer gates (--gates); about {int(room // per_gate)} would fit")
 
 
-def check_problem(problem, name="problem"):
-    """A :class:`~cvxtransformer.core.problem.ConvexProblem` (from ``make_problem``); anything else is
-    refused by name before it is used."""
-    from .problem import ConvexProblem  # the problem module imports this one
-
-    if not isinstance(problem, ConvexProblem):
-        raise invalid(name, "a ConvexProblem from make_problem", type(problem).__name__,
-                      "build it with cvxtransformer.make_problem(X, y, ...)")
-    return problem
-
-
 def check_beta(beta, name="beta"):
     """The regularisation weight: a finite number > 0."""
     if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not math.isfinite(beta) or beta <= 0:

@@ -23,7 +23,7 @@ Celer-style outer loop around FISTA (:mod:`.fista`):
 The stopping rule is the certificate, never an iteration count: when ``max_iter`` or
 ``time_limit`` runs out first, the status says so and the verifier reports ``certified: false``.
 
-A sharded problem (:mod:`solvers.distributed`) is solved the same way on every process: the
+A sharded problem (:mod:`cvxtransformer.solvers.distributed`) is solved the same way on every process: the
 operators and the loss sum over the shards, every decision (step sizes, restarts, working sets,
 screening, Gram or data path, budgets) is taken from numbers that are the same on every process,
 and the replicated iterate is checked to be identical at every certified check.
@@ -38,6 +38,7 @@ import torch
 
 from cvxtransformer.core.arrays import F64, device_budget, resolve_device, resolve_dtype
 from cvxtransformer.core.certificate import relative_gap, rounding_floor, verdict
+from cvxtransformer.core.contracts import NEWTON_FACES, TORCH_BACKEND
 from cvxtransformer.core.data import file_backed
 from cvxtransformer.core.errors import SolverError, invalid
 from cvxtransformer.core.result import BackendOutput, Check
@@ -109,9 +110,7 @@ class ProxGrad(Solver):
 
     name = "fista"
     forms = ("primal",)
-    requires = {"loss": ("value", "dual_variable", "dual_objective", "lipschitz", "strong_concavity", "quadratic"),
-                "regularizer": ("prox", "value", "dual_norm", "screen"),
-                "program": ("operator", "block_norms", "canonical_shape")}
+    requires = TORCH_BACKEND
     options = ("device", "dtype", "max_iter", "time_limit", "progress", "chunk_size", "init", "screen",
                "working_set", "method", "check_every", "p0", "screen_norms", "threads", "stop")
     defaults = dict(device="cpu", dtype="float64", max_iter=20_000, time_limit=None, progress=False,
@@ -120,6 +119,8 @@ class ProxGrad(Solver):
 
     def validate(self, problem, form, options):
         super().validate(problem, form, options)
+        if not problem.loss.quadratic and options.get("method") != "data":  # proximal Newton's model
+            self.check_requires(problem, NEWTON_FACES, 'pass method="data" (first order only) or another solver')
         self.checked_options(problem, options)
 
     def checked_options(self, problem, options):

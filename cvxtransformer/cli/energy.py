@@ -120,7 +120,7 @@ def _options(args):
 
 
 def _measure(opts, sentences, progress):
-    from . import runs
+    from ..energy import runs
 
     common = dict(lam=opts["lam"], anchor=opts["anchor"], progress=progress)
     if opts["model"] == "unfolded":
@@ -203,7 +203,7 @@ def run(args):
     result["text_source"] = "pydoc_data.topics (Python standard library documentation)"
     files = {"json": os.path.join(out_dir, "energy.json"), "figure": os.path.join(out_dir, "energy.png")}
     result["files"] = files
-    from . import plots
+    from ..energy import plots
 
     (plots.plot_unfolded if opts["model"] == "unfolded" else plots.plot_layers)(result, files["figure"])
     write_json(files["json"], result)

@@ -1,0 +1,127 @@
+"""The contract (core/contracts.py): a family, a loss or a solver that lacks a face is refused when it
+is registered, with one error naming the face and who needs it; a loss without a Hessian is refused
+by the torch backend's proximal Newton up front (and solved first-order with method="data"); the
+built-in families, losses and solvers offer every face; program (8)'s rules live in its class."""
+import numpy as np
+import pytest
+
+import cvxtransformer as ct
+from cvxtransformer import solvers
+from cvxtransformer.core import contracts, registry
+from cvxtransformer.core.errors import InvalidInputError
+from cvxtransformer.core.losses import LOSSES, LogisticLoss, register_loss
+from cvxtransformer.core.programs import AttentionProgram
+from cvxtransformer.core.reductions import Proposition1
+from cvxtransformer.core.regularizers import GroupLasso
+
+
+def test_the_built_in_families_losses_and_solvers_offer_every_face():
+    for fam in registry.families().values():
+        assert contracts.missing_faces(fam.program, contracts.PROGRAM_FACES) == []
+        assert contracts.missing_faces(fam.program.regularizer_class, contracts.REGULARIZER_FACES) == []
+        assert contracts.missing_faces(fam.reduction, contracts.REDUCTION_FACES) == []
+    assert sorted(LOSSES) == ["cross_entropy", "logistic", "squared"]
+    for loss in LOSSES.values():
+        assert contracts.missing_faces(loss, {**contracts.LOSS_FACES, **contracts.NEWTON_FACES}) == []
+    assert sorted(solvers.SOLVERS) == ["clarabel", "fista", "scs"]
+    for solver in solvers.SOLVERS.values():
+        assert contracts.missing_faces(solver, contracts.SOLVER_FACES) == []
+    assert solvers.SOLVERS["fista"].requires is contracts.TORCH_BACKEND  # one table, not a copy
+    assert solvers.SOLVERS["clarabel"].requires is contracts.CVXPY_BUILDERS
+
+
+@pytest.mark.parametrize("role, make, face, consumer", [
+    ("program", lambda: (type("NoNorms", (AttentionProgram,), {"block_norms": None}), Proposition1),
+     "block_norms", "the torch backend needs block_norms"),
+    ("program", lambda: (type("NoCVXPY", (AttentionProgram,), {"cvxpy_forward": None, "from_blocks": None}),
+                         Proposition1),
+     "cvxpy_forward, from_blocks", "the CVXPY builders needs cvxpy_forward, from_blocks"),
+    ("regularizer", lambda: (type("NoProx", (AttentionProgram,),
+                                  {"regularizer_class": type("NoProxLasso", (GroupLasso,), {"prox": None})}),
+                             Proposition1),
+     "prox", "the torch backend needs prox"),
+    ("reduction", lambda: (AttentionProgram, type("NoInvert", (Proposition1,), {"invert": None})),
+     "invert", "recover_weights, nonconvex_objective and certify_network needs invert"),
+])
+def test_a_family_with_a_missing_face_is_refused_at_registration(role, make, face, consumer):
+    program, reduction = make()
+    before = dict(registry.families())
+    with pytest.raises(InvalidInputError) as info:
+        registry.register("toy", program, reduction, ("squared",))
+    message = str(info.value)
+    assert message.startswith(f"register: {role} of family 'toy': ")
+    assert f"lacks {face} (" in message and consumer in message
+    assert registry.families() == before  # nothing registered
+    with pytest.raises(InvalidInputError, match="program"):
+        ct.make_problem(np.ones((4, 2, 2)), np.ones(4), program="toy")
+
+
+def test_a_complete_family_registers_and_solves_under_its_own_name(monkeypatch):
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    registry.register("toy", type("Toy", (AttentionProgram,), {}), Proposition1, ("squared",))
+    X = np.random.default_rng(0).standard_normal((20, 3, 2))
+    P = ct.make_problem(X, X[:, 0, :1], program="toy", beta=0.3)
+    Q = ct.make_problem(X, X[:, 0, :1], program=10, beta=0.3)
+    assert type(P.program).__name__ == "Toy" and P.beta_max() == pytest.approx(Q.beta_max(), rel=1e-12)
+
+
+def test_a_loss_with_a_missing_face_is_refused_at_registration():
+    with pytest.raises(InvalidInputError, match=r"^register_loss: loss 'broken': \w+ lacks dual_objective "
+                                                r"\(the verifier and the certificates needs dual_objective; "
+                                                r"the torch backend needs dual_objective\)"):
+        register_loss(type("Broken", (LogisticLoss,), {"name": "broken", "dual_objective": None}))
+    assert "broken" not in LOSSES
+
+
+def test_a_solver_with_a_missing_face_is_refused_at_registration():
+    class Nameless(solvers.Solver):
+        def solve(self, problem, form="primal", tol=1e-6, verbose=False, **options):
+            return None
+
+    with pytest.raises(InvalidInputError, match=r"register: solver None: Nameless lacks name "):
+        solvers.register(Nameless)
+    with pytest.raises(InvalidInputError, match=r"lacks solve \(cvxtransformer.solve needs solve\)"):
+        solvers.register(type("Idle", (solvers.Solver,), {"name": "idle"}))
+    assert None not in solvers.SOLVERS and "idle" not in solvers.SOLVERS
+
+
+def test_a_loss_without_a_hessian_is_refused_by_proximal_newton_up_front():
+    NoHessian = type("NoHessian", (LogisticLoss,), {"hessian": None, "gradient_metric": None})
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((40, 3, 2))
+    y = np.where(X[:, 0, 0] + 0.3 * rng.standard_normal(40) > 0, 1, -1)
+    P = ct.make_problem(X, y, program=10, loss=NoHessian(), beta=1.0)
+    P = P.with_beta(0.2 * P.beta_max())
+    with pytest.raises(InvalidInputError, match=r"^solver: 'fista' cannot solve program \(10\) with NoHessian: "
+                                                r"it needs loss.hessian; pass method=\"data\""):
+        ct.solve(P, "fista")
+    first_order = ct.solve(P, "fista", method="data", tol=1e-7)
+    reference = ct.solve(ct.make_problem(X, y, program=10, loss="logistic", beta=P.beta), "clarabel", tol=1e-7)
+    assert first_order.certified and first_order.certificate.relative_gap <= 1e-7
+    assert first_order.certificate.primal_objective == pytest.approx(reference.certificate.primal_objective,
+                                                                     rel=1e-6)
+
+
+def test_program_8_rules_are_its_classs():
+    X = np.random.default_rng(2).standard_normal((30, 3, 2))
+    with pytest.raises(InvalidInputError, match=r"^y: expected shape \(N,\) for program \(8\)"):
+        ct.make_problem(X, X[:, 0, :2], program=8)
+    AttentionProgram.check_targets(10, X[:, 0, :2])  # (10) takes vector targets
+    P8 = ct.make_problem(X, X[:, 0, 0], program=8, beta=0.3)
+    P10 = ct.make_problem(X, X[:, 0, :1], program=10, beta=0.3)
+    assert P8.program.scalar_output and not P10.program.scalar_output
+    r8, r10 = ct.solve(P8, "fista"), ct.solve(P10, "fista")
+    assert r8.V.shape == (30,) and r10.V.shape == (30, 1)
+    np.testing.assert_allclose(r8.V, r10.V[:, 0], rtol=1e-5, atol=1e-8)  # the same program, one output
+
+
+def test_generic_code_reads_the_family():
+    labels = {name: (f.label, f.gate_arrays, f.program.support_label) for name, f in registry.families().items()}
+    assert labels == {8: ("program (8)", (), "nonzero groups"), 10: ("program (10)", (), "nonzero groups"),
+                      12: ("program (12)", ("U1", "U2"), "nonzero groups"),
+                      "mhsa": ("program (6) (linear MHSA)", (), "rank"),
+                      "gated_mhsa": ("gated-ReLU MHSA program", ("H",), "rank, summed over the gates")}
+    X = np.random.default_rng(3).standard_normal((6, 3, 2))
+    for name, fam in registry.families().items():  # the label a family reports is its programs'
+        y = X[:, 0, 0] if name == 8 else X[:, 0, :1]
+        assert ct.make_problem(X, y, program=name, gates=2).program.label == fam.label
