@@ -53,7 +53,7 @@ def test_a_family_with_a_missing_face_is_refused_at_registration(role, make, fac
     assert f"lacks {face} (" in message and consumer in message
     assert registry.families() == before  # nothing registered
     with pytest.raises(InvalidInputError, match="program"):
-        ct.make_problem(np.ones((4, 2, 2)), np.ones(4), program="toy")
+        ct.make_problem(np.ones((4, 2, 2)), np.ones(4), program="toy", beta=1.0)
 
 
 def test_a_complete_family_registers_and_solves_under_its_own_name(monkeypatch):
@@ -105,7 +105,7 @@ def test_a_loss_without_a_hessian_is_refused_by_proximal_newton_up_front():
 def test_program_8_rules_are_its_classs():
     X = np.random.default_rng(2).standard_normal((30, 3, 2))
     with pytest.raises(InvalidInputError, match=r"^y: expected shape \(N,\) for program \(8\)"):
-        ct.make_problem(X, X[:, 0, :2], program=8)
+        ct.make_problem(X, X[:, 0, :2], program=8, beta=1.0)
     AttentionProgram.check_targets(10, X[:, 0, :2])  # (10) takes vector targets
     P8 = ct.make_problem(X, X[:, 0, 0], program=8, beta=0.3)
     P10 = ct.make_problem(X, X[:, 0, :1], program=10, beta=0.3)
@@ -124,4 +124,4 @@ def test_generic_code_reads_the_family():
     X = np.random.default_rng(3).standard_normal((6, 3, 2))
     for name, fam in registry.families().items():  # the label a family reports is its programs'
         y = X[:, 0, 0] if name == 8 else X[:, 0, :1]
-        assert ct.make_problem(X, y, program=name, gates=2).program.label == fam.label
+        assert ct.make_problem(X, y, program=name, gates=2, beta=1.0).program.label == fam.label
