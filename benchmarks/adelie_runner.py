@@ -53,7 +53,8 @@ def main(job_path, out_path):
     lam, ratio = float(job["beta"]) / N, float(job["beta"]) / float(job["beta_max"])
     groups = np.arange(0, p, d)
     repeats, cap = int(job["repeats"]), float(job["time_cap"])
-    fit(np.asfortranarray(D[:200]), y[:200].copy(), loss, lam, groups, "single", 1e-7, ratio)  # load the library outside the timing
+    # load the library outside the timing
+    fit(np.asfortranarray(D[:200]), y[:200].copy(), loss, lam, groups, "single", 1e-7, ratio)
     keys, seconds, W = [], [], []
     for mode in [str(m) for m in job["modes"]]:
         for tol in job["tols"]:

@@ -89,7 +89,8 @@ def instances(part, quick):
     if quick:
         return {"squared": [Instance(8, "squared", 1000, 8, 16, 0.0), Instance(8, "squared", 1000, 8, 16, 0.8),
                             Instance(8, "squared", 5000, 16, 32, 0.8)],
-                "squared_large": [Instance(12, "squared", 2000, 8, 16, 0.8, heads=16, peers=("skglm", "celer", "adelie"))],
+                "squared_large": [Instance(12, "squared", 2000, 8, 16, 0.8, heads=16,
+                                           peers=("skglm", "celer", "adelie"))],
                 "logistic": _over_betas(lambda f: Instance(8, "logistic", 2000, 8, 16, 0.8, f, peers=logistic)),
                 "logistic_large": _over_betas(lambda f: Instance(12, "logistic", 2000, 4, 8, 0.8, f, heads=4,
                                                                  peers=small), (0.1, 0.001)),
@@ -123,11 +124,11 @@ def instances(part, quick):
 
 
 def adelie_instances():
-    """The part ``adelie``: ours against adelie alone (and skglm, the peer of the other tables) on programs
+    """The part ``adelie``: ours against adelie alone (skglm is in the tables of the other parts) on programs
     (8) and (12), squared and logistic, at 0.1, 0.01 and 0.001 beta_max. Program (10) is not a group lasso
     adelie solves: its groups are one output's coefficients of a token, adelie's multi-response groups hold
     every output's."""
-    sq8, lg8 = ("adelie", "skglm"), ("adelie", "skglm", "skglm_pn")
+    sq8 = lg8 = ("adelie",)  # skglm is in the other tables
     return (_over_betas(lambda f: Instance(8, "squared", 10_000, 16, 32, 0.8, f, peers=sq8))
             + [Instance(8, "squared", 20_000, 16, 32, 0.8, 0.1, peers=sq8),
                Instance(8, "squared", 50_000, 8, 16, 0.8, 0.05, peers=sq8)]
@@ -378,7 +379,8 @@ def main():
         cmd = f"python benchmarks/bench_fista.py --part {part}" + (" --quick" if args.quick else "")
         out.update(part=part, command=cmd, started=started, load0=load0, load1=load(), caps=caps,
                    minutes=(time.perf_counter() - t) / 60, commit=fista_report.commit(),
-                   machine=machine(threads=out.get("cpu_threads"), packages=("skglm", "celer")) + peers.adelie_version())
+                   machine=machine(threads=out.get("cpu_threads"), packages=("skglm", "celer"))
+                   + peers.adelie_version())
         with open(store / f"{part}.json", "w") as f:
             json.dump(out, f)
         print(f"part {part}: {out['minutes']:.1f} min", flush=True)

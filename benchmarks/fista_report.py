@@ -219,8 +219,11 @@ HOW = [
     "(`max_iter`, `time_limit`) end the solve with a status that says so and `certified: false`.",
     "2. Gap-safe screening discards groups proved zero (exact operator norms along a path, a Frobenius bound "
     "otherwise).",
-    "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing). Squared loss: FISTA on "
-    "the Gram matrix of the working set when a cost model says it pays (built in chunks of samples, "
+    "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing; the first one takes the "
+    "blocks whose KKT scores stand out, above their largest relative drop, at most `p0`: a pivot rule like "
+    "adelie's). Squared loss: FISTA on "
+    "the Gram matrix of the working set when a cost model says it pays (built in chunks of samples; "
+    "when the set gains tokens, only the new columns; "
     "block-triangular; on gated programs block (j, j') of gates sums only the samples where both gates are on), "
     "with a Newton polish on a stable support. Logistic and cross-entropy: **proximal Newton** "
     "(`solvers/proxgrad/prox_newton.py`): at each step the Hessian `A^T W A` of the loss on the active blocks "
@@ -382,7 +385,8 @@ def adelie_targets(rows):
     below2 = [(i, v) for i, v in vals if v is None or v < 2]
     miss = "; ".join(f"{label(i)}: {_x(v)}" for i, v in below1)
     return [f"| at least as fast as adelie on every row where it ran ({len(vals)}; adelie time / ours) | "
-            f"{len(vals) - len(below1)} of {len(vals)} | {'yes' if not below1 else 'MISSED on ' + miss + ' (section adelie: why)'} |",
+            f"{len(vals) - len(below1)} of {len(vals)} | "
+            f"{'yes' if not below1 else 'MISSED on ' + miss + ' (section adelie: why)'} |",
             f"| aim: 2x adelie on every row | {len(vals) - len(below2)} of {len(vals)} at 2x or more | "
             f"{'yes' if not below2 else f'MISSED on {len(below2)}'} |"]
 

@@ -9,4 +9,5 @@ here="$(cd "$(dirname "$0")" && pwd)"
 py="${1:-python3}"
 "$py" -m venv "$here/.adelie-venv"
 "$here/.adelie-venv/bin/pip" install --quiet "adelie==1.1.52" "numpy<2"
-"$here/.adelie-venv/bin/python" -c "import adelie, numpy; print('adelie', adelie.__version__, 'numpy', numpy.__version__)"
+"$here/.adelie-venv/bin/python" -c \
+    "import adelie, numpy; print('adelie', adelie.__version__, 'numpy', numpy.__version__)"
