@@ -7,7 +7,7 @@ consecutive columns), ``y`` (N,), ``loss`` ("squared" or "logistic"), ``beta``, 
 ``tols``, ``modes``, ``repeats``, ``time_cap``. For each mode and tolerance (loose to tight) it times
 ``adelie.grpnet`` (best of ``repeats``, one run when a run passes 2 s; the sweep of a mode stops at the
 first run over ``time_cap``) and stores the coefficients at ``beta``: OUT.npz holds ``keys`` ("mode
-tol"), ``seconds`` and ``W`` (one row per key). The verifier of the project certifies them (the caller,
+tol"), ``seconds`` (wall), ``cpu`` (the process's CPU time of that run) and ``W`` (one row per key). The verifier of the project certifies them (the caller,
 in the project's environment; this venv has numpy < 2 and no torch).
 
 Conventions. adelie minimises ``sum_i w_i l(y_i, eta_i) + lambda sum_g omega_g ||b_g||`` with weights
@@ -55,22 +55,24 @@ def main(job_path, out_path):
     repeats, cap = int(job["repeats"]), float(job["time_cap"])
     # load the library outside the timing
     fit(np.asfortranarray(D[:200]), y[:200].copy(), loss, lam, groups, "single", 1e-7, ratio)
-    keys, seconds, W = [], [], []
+    keys, seconds, cpus, W = [], [], [], []
     for mode in [str(m) for m in job["modes"]]:
         for tol in job["tols"]:
-            best = np.inf
+            best = cpu = np.inf
             for _ in range(repeats):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 b = fit(D, y, loss, lam, groups, mode, float(tol), ratio)
-                best = min(best, time.perf_counter() - t)
+                wall, c = time.perf_counter() - t, time.process_time() - c
+                best, cpu = (wall, c) if wall < best else (best, cpu)
                 if best > 2.0:
                     break
             keys.append(f"{mode} {tol:g}")
             seconds.append(best)
+            cpus.append(cpu)
             W.append(b)
             if best > cap:
                 break
-    np.savez(out_path, keys=np.array(keys), seconds=np.array(seconds), W=np.array(W), version=ad.__version__)
+    np.savez(out_path, keys=np.array(keys), seconds=np.array(seconds), cpu=np.array(cpus), W=np.array(W), version=ad.__version__)
 
 
 if __name__ == "__main__":

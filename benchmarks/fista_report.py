@@ -254,6 +254,11 @@ def write(parts, out, figure, quick=False):
          "Ratios are peer time / fista time (> 1: fista is faster); `n.c.` means the peer never reached a "
          "certified 1e-6 (its best certified gap and longest run are shown; the ratio is then a lower bound).", "",
          f"- Machine: {first.get('machine', 'not run')}.",
+         "- Regenerate (from the repository root, `PYTHONPATH=.`, nothing else heavy running): `bash "
+         "benchmarks/setup_adelie.sh` once (adelie's venv), then `python benchmarks/bench_fista.py --part P` for P in "
+         "squared, squared_large, extras, logistic, logistic_large, cross_entropy, adelie (and gpu on a machine with a "
+         "CUDA GPU); each part stores `out/bench_fista/P.json` and rewrites this page from every part stored (with "
+         "only the part adelie stored, its section alone is replaced).",
          "- Runs: one part per command, each alone on the machine (no other heavy work started while it ran; "
          "the machine is shared with other sessions, so timings can be noisy); runs under 2 s are the best of 3:",
          "", "| part | command | started | minutes | load average at start / end |", "|---|---|---|---:|---|"]
@@ -407,15 +412,17 @@ def adelie_section(part):
          "(`lmda_path=[lambda]`) and `path` (its own path of 20 lambdas from lambda_max down to lambda), and "
          "credited with its **fastest** run that our verifier certifies at 1e-6 (favours adelie). Ours: "
          "`ProxGrad.solve` end to end, one thread, best of 3, timed before and after adelie (the faster kept). "
-         "`x` = peer time / ours (> 1: ours faster). Target: at least as fast as adelie on every row (aim 2x).", "",
-         "| instance | fista (s) | iterations (how) | adelie (s) | adelie setting | x | skglm best (s) | x | "
-         "load at start / end |", "|---|---:|---|---:|---|---:|---:|---:|---|"]
+         "`x` = peer time / ours (> 1: ours faster), in wall time (the credit rule) and in CPU time of the same runs "
+         "(`time.process_time()`, each solver single-threaded: on a loaded machine the wall time is mostly waiting "
+         "for a core, and CPU time compares the work). Target: at least as fast as adelie on every row (aim 2x).", "",
+         "| instance | fista (s) | iterations (how) | adelie (s) | adelie setting | x | fista CPU (s) | adelie CPU (s) "
+         "| x (CPU) | load at start / end |", "|---|---:|---|---:|---|---:|---:|---:|---:|---|"]
     for inst, runs, load in rows:
         f, a = runs["fista"], runs["adelie"]
-        sk = [runs[k] for k in ("skglm", "skglm_pn") if k in runs]
-        sk = min(sk, key=lambda r: np.inf if r.seconds is None else r.seconds) if sk else None
+        cpu = [f"{r.cpu:.3g}" if r.cpu and r.seconds is not None else "-" for r in (f, a)]
+        x_cpu = f"{a.cpu / f.cpu:.3g}" if "-" not in cpu else "-"
         L.append(f"| {label(inst)} | {fmt_time(f)} | {f.iterations} ({f.methods}) | {fmt_time(a)} | {a.note} | "
-                 f"{ratio(a, f)} | {'' if sk is None else fmt_time(sk)} | {'' if sk is None else ratio(sk, f)} | "
+                 f"{ratio(a, f)} | {cpu[0]} | {cpu[1]} | {x_cpu} | "
                  + ("" if load is None else f"{load[0]:.2f} / {load[1]:.2f}") + " |")
     L += ["", "| target | measured | met |", "|---|---|---|"] + adelie_targets([(i, r) for i, r, _ in rows])
     return L + [""] + ADELIE_WHY + ["", ADELIE_END, ""]
@@ -425,7 +432,12 @@ def splice_adelie(part, out):
     """Replace the section adelie of the page ``out`` (between its markers; appended if absent) by the
     one of ``part``, keeping the rest of the page (the other parts were not stored here)."""
     text = out.read_text()
-    section = "\n".join(adelie_section(part))
+    lines = adelie_section(part)
+    lines.insert(-2, "Only this part was run for this section: the tables above are from their own runs (see the "
+                     "table of parts at the top), before adelie was among their peers; adelie gets a column there "
+                     "when their parts are rerun (`--part squared` etc.).")
+    lines.insert(-2, "")
+    section = "\n".join(lines)
     if ADELIE_BEGIN in text and ADELIE_END in text:
         head, rest = text.split(ADELIE_BEGIN, 1)
         text = head + section.rstrip("\n") + rest.split(ADELIE_END, 1)[1]
