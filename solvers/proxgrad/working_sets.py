@@ -27,6 +27,20 @@ from cvxtransformer.core.regularizers import GroupLasso, NuclearNorm
 _BLOCK_NORMS = weakref.WeakKeyDictionary()  # program -> (h, n) tensor of exact ||A_g||, shared along a path
 
 
+def first_size(scores, cap):
+    """Blocks the first working set takes of the violators ``scores`` (KKT scores > 1): those above the
+    largest relative drop among the best ``cap + 1`` scores, and a quarter more (a pivot rule like adelie's,
+    arXiv 2405.08631): the few blocks that stand out, not ``cap`` of them, where few stand out (the Gram
+    matrix of the set costs the square of its size; the set grows by ``cap`` or doubles after). Where that
+    is half of the violators or more, ``cap`` of them as before (a second round would cost more than it
+    saves: (8) squared, N=100,000, n=8, d=16, 0.01 beta_max, 4 of 8 tokens then a second check: 1.4x the
+    CPU time of one round on all 8)."""
+    top = torch.topk(scores, min(cap + 1, len(scores))).values
+    k = int(torch.argmax(top[:-1] / top[1:])) + 1 if len(top) > 2 else len(scores)
+    k += -(-k // 4)
+    return min(cap, len(scores)) if 2 * k >= len(scores) else k
+
+
 class BlockWorkingSet:
     """Working sets of (gate, token) blocks for the group lasso (programs (8), (10), (12)).
 
@@ -89,7 +103,8 @@ class BlockWorkingSet:
         candidates = blocks_open & ~self.ws & (score > 1.0)
         n_cand = int(candidates.sum())
         if n_cand:
-            take = n_cand if not enabled else min(n_cand, max(p0, int(self.ws.sum())))
+            held = int(self.ws.sum())
+            take = n_cand if not enabled else min(n_cand, max(p0, held) if held else first_size(score[candidates], p0))
             score = torch.where(candidates, score, torch.full_like(score, -np.inf))
             add = torch.zeros(self.h * self.n, dtype=torch.bool, device=self.ws.device)
             add[torch.topk(score.flatten(), take).indices] = True
