@@ -192,3 +192,18 @@ def test_no_import_circles():
 def test_find_cycle_finds_one():
     assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": ["b", "c"], "b": ["c"], "c": []}) is None
+
+
+def test_no_file_imports_the_top_level_solvers_folder():
+    """From a source checkout the repository root is on sys.path, so ``import solvers`` would load the folder
+    a second time as another module (a monkeypatch of one copy misses the other): every library, test,
+    benchmark and docs file imports ``cvxtransformer.solvers``."""
+    found = []
+    for folder in ("cvxtransformer", "solvers", "tests", "benchmarks", "docs"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}" for name in names
+                          if name == "solvers" or name.startswith("solvers.")]
+    assert not found, found
