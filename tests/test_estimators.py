@@ -222,7 +222,7 @@ def test_init_stores_parameters_only_and_params_round_trip():
     (AttentionRegressor(beta=-1.0), "real", r"beta: expected a finite number > 0, got -1.0"),
     (AttentionRegressor(beta_frac=0), "real", r"beta_frac: expected a finite number > 0"),
     (AttentionRegressor(beta=1.0, beta_frac=0.1), "real", r"beta, beta_frac: expected one of them, got both"),
-    (AttentionRegressor(program=9), "real", r"program: expected one of 8, 10, 12, 'mhsa', 'gated_mhsa', got 9"),
+    (AttentionRegressor(program=9), "real", r"program: expected one of 8, 10, 12, 'mhsa', 'gated_mhsa', 'mixer', got 9"),
     (AttentionRegressor(program="mhsa"), "real", r"use MHSARegressor or MHSAClassifier"),
     (AttentionRegressor(solver="mosek"), "real", r"solver: expected 'auto' or one of \['clarabel', 'fista', 'scs'\], got 'mosek'"),
     (AttentionRegressor(refine="sometimes"), "real", r"refine: expected True, False or 'auto'"),

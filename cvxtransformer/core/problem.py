@@ -84,7 +84,7 @@ def parse_program(program):
 
 
 def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, gates=None,
-                 gate_seed=0, n_classes=None, H=None):
+                 gate_seed=0, n_classes=None, H=None, G=None):
     """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"`` or the
     gated-ReLU MHSA program ``"gated_mhsa"``.
 
@@ -102,6 +102,8 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
         and ``gate_seed`` when not given
     H : gate matrices (P, d, d) of ``"gated_mhsa"``; sampled from ``gates`` (default 8) and
         ``gate_seed`` when not given
+    G : gate vectors (P, n) of the token-mixing program ``"mixer"`` (its targets per channel are
+        ``(N, n_out, d)``); sampled from ``gates`` (default 8) and ``gate_seed`` when not given
     n_classes : number of classes c for the cross-entropy loss (default ``max(y) + 1``)
 
     Example
@@ -127,12 +129,11 @@ def make_problem(X, y, program=10, loss="squared", beta=1.0, U1=None, U2=None, g
     y_arr = check_array("y", y, what="targets", nonempty=False)
     if y_arr.ndim == 0 or y_arr.shape[0] != N:
         raise invalid("y", f"{N} targets (one per sample of X)", f"shape {y_arr.shape}")
-    if y_arr.ndim == 3 and y_arr.shape[1] != n:
-        raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
+    fam.program.check_target_shape(X, y_arr)
     fam.program.check_targets(program, y_arr)
     T = loss.encode(y_arr, n_classes)
     regularizer_beta = check_beta(beta)
-    options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)
+    options = dict(U1=U1, U2=U2, H=H, G=G, gates=gates, gate_seed=gate_seed)
     refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
     if refused:
         owner = next(f.name for f in families().values() if refused[0] in f.options)
