@@ -19,7 +19,8 @@ from .core.certificate import dual_feasible_point, scaled_residual
 from .core.problem import make_problem
 
 # Every (program, loss, target kind) that docs/conventions.md allows, on small random instances (for
-# "gated_mhsa" each loss once, to keep the grids fast: its pooled squared case is in tests/test_gated_mhsa.py).
+# "gated_mhsa" and "mixer" each loss once, to keep the grids fast: their pooled squared cases are in
+# tests/test_gated_mhsa.py and tests/test_mixer.py).
 CASES = [
     (8, "squared", "scalar"),
     (8, "logistic", "binary"),
@@ -37,19 +38,23 @@ CASES = [
     ("gated_mhsa", "squared", "sequence"),
     ("gated_mhsa", "cross_entropy", "classes"),
     ("gated_mhsa", "logistic", "binary"),
+    ("mixer", "squared", "channels"),
+    ("mixer", "cross_entropy", "classes"),
+    ("mixer", "logistic", "binary"),
 ]
 GROUP_LASSO_CASES = [c for c in CASES if c[0] in (8, 10, 12)]
 MHSA_CASES = [c for c in CASES if c[0] == "mhsa"]
 GATED_MHSA_CASES = [c for c in CASES if c[0] == "gated_mhsa"]
+MIXER_CASES = [c for c in CASES if c[0] == "mixer"]
 
 
 def case_id(case):
     return f"p{case[0]}-{case[1]}-{case[2]}"
 
 
-def random_targets(kind, rng, N, n, c=3):
+def random_targets(kind, rng, N, n, c=3, d=3):
     """Targets of one kind: scalar (N,), binary (N,) in {-1, +1}, vector (N, c), sequence (N, n, 2),
-    classes (N,) in [0, c)."""
+    channels (N, 2, d) (two outputs per channel of the "mixer" program), classes (N,) in [0, c)."""
     if kind == "scalar":
         return rng.standard_normal(N)
     if kind == "binary":
@@ -58,6 +63,8 @@ def random_targets(kind, rng, N, n, c=3):
         return rng.standard_normal((N, c))
     if kind == "sequence":
         return rng.standard_normal((N, n, 2))
+    if kind == "channels":
+        return rng.standard_normal((N, 2, d))
     if kind == "classes":
         return rng.integers(0, c, N)
     raise ValueError(kind)
@@ -65,10 +72,10 @@ def random_targets(kind, rng, N, n, c=3):
 
 def random_problem(program, loss, kind, seed=0, N=40, n=4, d=3, gates=3, frac=0.3):
     """A random instance with beta = frac * beta_max (so the optimum is sparse, or low-rank, but nonzero);
-    ``gates``: h of program (12), P of "gated_mhsa" (sampled from ``seed``)."""
+    ``gates``: h of program (12), P of "gated_mhsa" and "mixer" (sampled from ``seed``)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, n, d))
-    y = random_targets(kind, rng, N, n)
+    y = random_targets(kind, rng, N, n, d=d)
     problem = make_problem(X, y, program=program, loss=loss, beta=1.0, gates=gates, gate_seed=seed)
     return problem.with_beta(frac * problem.beta_max())
 
