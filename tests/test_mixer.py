@@ -13,6 +13,8 @@ import cvxtransformer as ct
 from cvxtransformer.core.arrays import to_tensor
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.mixer import MixerReduction, MixerUnits, channel_gates
+from cvxtransformer.nn.mixer import GatedMixer, ReluMixer
+from cvxtransformer.nn.trainer import train
 from cvxtransformer.testing import check_gap, check_kkt, check_recovery
 
 from conftest import random_targets
@@ -200,3 +202,53 @@ def test_bad_units_are_refused():
         MixerReduction.coefficients(problem, MixerUnits(np.ones((1, 3)), np.ones((1, 2)), np.array([0])))
     with pytest.raises(InvalidInputError, match=r"weights.gate: expected 1 integers in \[0, 2\)"):
         MixerReduction.coefficients(problem, MixerUnits(np.ones((1, 4)), np.ones((1, 2)), np.array([2])))
+
+
+@pytest.mark.parametrize("loss, kind", CASES)
+def test_recovered_network_in_numpy_and_torch_equals_P(loss, kind):
+    problem = _instance(loss, kind, seed=9)
+    problem = problem.with_beta(0.3 * problem.beta_max())
+    result = ct.solve(problem, "clarabel", tol=1e-9)
+    units = ct.recover_weights(problem, result.Z)
+    P = result.certificate.primal_objective
+    ranks = problem.regularizer.ranks(result.Z)
+    assert units.heads == ranks.sum() >= 1 and np.array_equal(np.bincount(units.gate, minlength=len(ranks)), ranks)
+    assert ct.nonconvex_objective(problem, units) == pytest.approx(P, rel=1e-9)
+    p = problem.program
+    net = GatedMixer.from_weights(units, p.G, p.d, pooled=p.pooled)
+    assert net.objective(net.encode_inputs(p.X), problem.T, problem.loss, problem.beta).item() == pytest.approx(P, rel=1e-9)
+    np.testing.assert_allclose(net.effective_coefficients(), result.Z, atol=1e-10 * np.abs(result.Z).max())
+    cert = ct.certify_network(problem, net)  # the module itself: its outputs are checked against the program's
+    assert cert.objective == pytest.approx(P, rel=1e-9) and 0 <= cert.gap <= 1e-7 * max(1.0, P)
+
+
+def test_relu_mixer_is_the_units_with_a_relu():
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((4, 3, 2))
+    net = ReluMixer(3, 2, 2 * 2, units=3, seed=1)
+    w1, w2 = net.w1.detach().numpy(), net.w2.detach().numpy()
+    f = sum(np.maximum(np.einsum("t,ita->ia", w1[j], X), 0)[:, None, :] * w2[j][None, :, None] for j in range(3))
+    np.testing.assert_allclose(net(*net.encode_inputs(X)).detach().numpy(), f.reshape(4, 4), rtol=1e-12)
+    with pytest.raises(TypeError, match="no convex program"):
+        net.effective_coefficients()
+
+
+def test_adam_with_enough_units_reaches_the_optimum_and_one_unit_cannot():
+    problem = _instance("squared", "channels", seed=7, N=30, n=4, d=3, gates=2)
+    problem = problem.with_beta(0.2 * problem.beta_max())
+    result = ct.solve(problem, "clarabel", tol=1e-9, refine=True)
+    r = result.certificate.support_size
+    assert r >= 2 and result.certified
+    bound, P_star = result.certificate.dual_objective, result.certificate.primal_objective
+    p = problem.program
+    runs = {}
+    for units in (1, 2 * r):
+        net = GatedMixer(p.n, p.d, problem.T.shape[1], units, p.G, seed=0)
+        runs[units] = train(net, p.X, problem.T, "squared", problem.beta, lr=0.02, steps=1500)
+        assert np.all(runs[units].history.objective >= bound)  # P(Z*) bounds the network for every m
+    assert runs[2 * r].objective <= 1.01 * P_star
+    one = runs[1].objective  # one unit: a rank-one Z on one gate, whose P is at most the network's objective
+    Z1 = runs[1].network.effective_coefficients()
+    assert problem.regularizer.rank(Z1) == 1 and problem.primal_objective(Z1) <= one + 1e-9
+    cert = ct.certify_network(problem, runs[1].network)
+    assert cert.gap >= 0.01 * P_star  # the certified gap says it is not optimal

@@ -384,7 +384,13 @@ class MixerReduction(Reduction):
         if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
             raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of G per unit)",
                           f"shape {gate.shape}, dtype {gate.dtype}")
-        Z = np.zeros(p.shape)
+        return MixerReduction.sum_units(w1, w2, gate, p.gates)
+
+    @staticmethod
+    def sum_units(w1, w2, gate, gates):
+        """``Z_g = sum_{j: gate(j) = g} w2_j w1_j^T`` of shape (gates, n_out, n), unchecked: the one
+        implementation behind :meth:`coefficients` and ``GatedMixer.effective_coefficients``."""
+        Z = np.zeros((gates, w2.shape[1], w1.shape[1]))
         np.add.at(Z, gate, w2[:, :, None] * w1[:, None, :])
         return Z
 
