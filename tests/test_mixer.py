@@ -5,11 +5,14 @@ reduced-rank regression solved independently in CVXPY, the exact per-gate operat
 float32 operators, and bad input. The generic grids (test_solvers.py, test_builders.py,
 test_certificate.py, test_refine.py, test_fista.py, test_compact.py, test_distributed.py) cover it too
 (their CASES include it)."""
+import json
+
 import cvxpy as cp
 import numpy as np
 import pytest
 
 import cvxtransformer as ct
+from cvxtransformer.cli import main
 from cvxtransformer.core.arrays import to_tensor
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.mixer import MixerReduction, MixerUnits, channel_gates
@@ -252,3 +255,39 @@ def test_adam_with_enough_units_reaches_the_optimum_and_one_unit_cannot():
     assert problem.regularizer.rank(Z1) == 1 and problem.primal_objective(Z1) <= one + 1e-9
     cert = ct.certify_network(problem, runs[1].network)
     assert cert.gap >= 0.01 * P_star  # the certified gap says it is not optimal
+
+
+def test_command_line_solve_and_verify_with_gates_in_data_and_result(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((30, 4, 3)), rng.standard_normal((30, 2, 3))
+    data = tmp_path / "d.npz"
+    np.savez(data, X=X, y=y)
+    out = tmp_path / "r.npz"
+    args = ["--program", "mixer", "--loss", "squared", "--beta-frac", "0.3"]
+    assert main(["solve", str(data), *args, "--gates", "3", "--gate-seed", "5", "--solver", "fista", "--out", str(out),
+                 "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["program"] == "mixer" and s["certified"] and s["support_size"] >= 1
+    saved = np.load(out)
+    np.testing.assert_array_equal(saved["G"], np.random.default_rng(5).standard_normal((3, 4)))
+    assert saved["Z"].shape == (3, 2, 4)
+    # verify takes the gates from RESULT, whatever --gates says
+    assert main(["verify", str(data), str(out), *args, "--gates", "7", "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert v["certified"] and v["gates"] == "RESULT"
+    assert v["primal_objective"] == pytest.approx(s["primal_objective"], rel=1e-14)
+    # a DATA folder with G.npy, and a .npz with G: their gates are used
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name, a in (("X", X), ("y", y), ("G", saved["G"][:2])):
+        np.save(folder / f"{name}.npy", a)
+    np.savez(tmp_path / "g.npz", X=X, y=y, G=saved["G"][:2])
+    expected = ct.make_problem(X, y, program="mixer", G=saved["G"][:2]).beta_max()
+    for source in (folder, tmp_path / "g.npz"):
+        assert main(["solve", str(source), *args, "--json", "--no-refine"]) in (0, 1)
+        assert json.loads(capsys.readouterr().out)["beta_max"] == pytest.approx(expected, rel=1e-12)
+    # bad gates in DATA: exit code 2, one line on stderr, no output file
+    np.savez(tmp_path / "bad.npz", X=X, y=y, G=np.ones((2, 5)))
+    assert main(["solve", str(tmp_path / "bad.npz"), *args, "--out", str(tmp_path / "bad_out.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "G: expected shape (P, 4)" in err[0] and not (tmp_path / "bad_out.npz").exists()

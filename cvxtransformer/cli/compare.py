@@ -158,7 +158,7 @@ def prepare(args):
     for split in ("test", "val"):
         if f"y_{split}" in data and classes is not None:
             data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
-    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"))
+    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"), G=data.get("G"))
     return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
                 tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,
