@@ -291,3 +291,20 @@ def test_command_line_solve_and_verify_with_gates_in_data_and_result(tmp_path, c
     assert main(["solve", str(tmp_path / "bad.npz"), *args, "--out", str(tmp_path / "bad_out.npz")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "G: expected shape (P, 4)" in err[0] and not (tmp_path / "bad_out.npz").exists()
+
+
+def test_compare_bounds_the_gated_network_and_reports_the_relu_one_as_not_covered():
+    problem = _instance("squared", "channels", seed=7, N=30, n=4, d=3, gates=2)  # n_out d = 6 outputs, n = 4
+    problem = problem.with_beta(0.2 * problem.beta_max())
+    s = ct.compare(problem, steps=600, lr=0.02).to_dict()
+    rank = problem.regularizer.rank(ct.solve(problem, "clarabel", tol=1e-9).Z)
+    gated = {k: v for k, v in s["models"].items() if v["network"] == "(gated token mixing)"}
+    relu = {k: v for k, v in s["models"].items() if v["network"] == "(ReLU token mixing)"}
+    assert gated and relu and len(gated) + len(relu) == len(s["models"])
+    for v in gated.values():  # D(V) bounds every gated network, whatever its number of units
+        assert v["bound_applies"] and v["bounding_program"] == "mixer"
+        assert v["certified_gap"] >= -1e-9 * abs(v["objective"])
+    at_rank = [v for v in gated.values() if v["heads"] >= rank]
+    assert at_rank and all(v["relative_certified_gap"] <= 0.01 for v in at_rank)
+    for v in relu.values():
+        assert not v["bound_applies"] and v["certified_gap"] is None and "not covered by the bound" in v["note"]

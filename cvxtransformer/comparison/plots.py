@@ -25,8 +25,10 @@ from ..core.io import save_figure
 from .models import equation
 
 COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
-          "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown"}
-CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green"}
+          "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown",
+          "mixer": "tab:blue", "relu_mixer": "tab:brown"}
+CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green",
+                 "mixer": "tab:green"}
 
 
 def convex_attention_map(Z4, n_out_tokens=None):
