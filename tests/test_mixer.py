@@ -20,7 +20,7 @@ from cvxtransformer.nn.mixer import GatedMixer, ReluMixer
 from cvxtransformer.nn.trainer import train
 from cvxtransformer.testing import check_gap, check_kkt, check_recovery
 
-from conftest import random_targets
+from conftest import random_targets, run_doc_examples
 
 # One sample, n = 2 tokens, d = 1 channel x = (3, 4), one gate h = (1, 0) (h.x = 3 >= 0: open),
 # n_out = 2 outputs per channel with target y = (1.2, 1.6).
@@ -308,3 +308,7 @@ def test_compare_bounds_the_gated_network_and_reports_the_relu_one_as_not_covere
     assert at_rank and all(v["relative_certified_gap"] <= 0.01 for v in at_rank)
     for v in relu.values():
         assert not v["bound_applies"] and v["certified_gap"] is None and "not covered by the bound" in v["note"]
+
+
+def test_the_docs_example_runs_as_written():
+    run_doc_examples("mixer.md")
