@@ -128,6 +128,31 @@ def check_recovery(problem, result, rtol=1e-9):
                 f"recovered objective {value!r} != P(Z) {cert.primal_objective!r}"
 
 
+def check_training_against_bound(problem, network, lr, steps):
+    """Adam on the gated network of ``problem``'s family, ``network(m)`` with m heads (or units), against
+    the certified optimum: every objective on the way stays at or above D(V); with twice the heads the
+    optimum needs (its support size, at least 2) it ends within 1% of P(Z*); with one head it has a
+    rank-one Z whose P is at most its objective, and a certified gap of at least 1% of P(Z*).
+    Imports torch (the trainer)."""
+    from .nn.trainer import train
+    from .solving import solve
+
+    result = solve(problem, "clarabel", tol=1e-9, refine=True)
+    r = result.certificate.support_size
+    assert r >= 2 and result.certified, f"the optimum needs {r} heads (certified: {result.certified})"
+    bound, P_star = result.certificate.dual_objective, result.certificate.primal_objective
+    runs = {}
+    for m in (1, 2 * r):
+        runs[m] = train(network(m), problem.program.X, problem.T, problem.loss, problem.beta, lr=lr, steps=steps)
+        assert np.all(runs[m].history.objective >= bound), f"{m} heads went below the certified bound"
+    assert runs[2 * r].objective <= 1.01 * P_star, f"{2 * r} heads: {runs[2 * r].objective} > 1.01 P* = {P_star}"
+    one = runs[1].objective
+    Z1 = runs[1].network.effective_coefficients()
+    assert problem.regularizer.rank(Z1) == 1 and problem.primal_objective(Z1) <= one + 1e-9
+    assert one - bound >= 0.01 * P_star, f"one head: certified gap {one - bound} < 1% of P* = {P_star}"
+    return runs
+
+
 def residual_gap(problem, Z):
     """The relative gap of Z from its scaled residual alone (no other dual point)."""
     P, _, _, D, _ = scaled_residual(problem.loss, problem.regularizer, problem.program.forward,

@@ -40,7 +40,7 @@ import torch
 
 from .arrays import F64, to_tensor
 from .errors import invalid
-from .programs import CHUNK_BYTES, Program
+from .programs import CHUNK_BYTES, Program, _SampleOperator
 from .reductions import Reduction
 from .registry import register
 from .regularizers import NuclearNorm
@@ -71,7 +71,7 @@ def masked_columns(X, G, pooled):
     return M.mean(dim=1).reshape(r, columns) if pooled else M.reshape(r * d, columns)
 
 
-class MixerOperator:
+class MixerOperator(_SampleOperator):
     """The map ``Z -> Yhat`` of the token-mixing program in torch, by chunks of samples.
 
     ``X`` (N, n, d) in the op's dtype (on ``device``, or on the host and streamed by chunks), ``G``
@@ -98,11 +98,6 @@ class MixerOperator:
     @property
     def shape(self):
         return (self.gates, self.n_out, self.n)
-
-    @property
-    def N_total(self):
-        """Samples of the whole problem (all shards)."""
-        return self.N if self.shards is None else self.shards.total
 
     @property
     def streams(self):

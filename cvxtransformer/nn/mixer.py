@@ -54,9 +54,10 @@ class ReluMixer(Network):
             raise invalid("c", f"a multiple of d = {d} for per-channel targets", repr(c))
         self.n_out = c if self.pooled else c // d
         rng = np.random.default_rng(seed)
-        self.w1 = torch.nn.Parameter(_tensor(init_scale * rng.standard_normal((units, n)) / math.sqrt(n), dtype, device))
-        self.w2 = torch.nn.Parameter(_tensor(init_scale * rng.standard_normal((units, self.n_out))
-                                             / math.sqrt(max(units, 1)), dtype, device))
+        w1 = init_scale * rng.standard_normal((units, n)) / math.sqrt(n)
+        w2 = init_scale * rng.standard_normal((units, self.n_out)) / math.sqrt(max(units, 1))
+        self.w1 = torch.nn.Parameter(_tensor(w1, dtype, device))
+        self.w2 = torch.nn.Parameter(_tensor(w2, dtype, device))
 
     @property
     def heads(self):
