@@ -303,3 +303,24 @@ def test_compare_bounds_the_gated_network_and_reports_the_relu_one_as_not_covere
 
 def test_the_docs_example_runs_as_written():
     run_doc_examples("mixer.md")
+
+
+def test_gate_working_set_and_screening_are_safe():
+    problem = _instance("cross_entropy", "classes", seed=8, N=60, n=5, d=3, gates=8)
+    problem = problem.with_beta(0.5 * problem.beta_max())
+    reference = ct.solve(problem, "clarabel", tol=1e-9)
+    ranks = problem.regularizer.ranks(reference.Z)
+    assert 0 < np.count_nonzero(ranks) < 8  # some gates are zero at the optimum
+    with_ws = ct.solve(problem, "fista", tol=1e-8, screen_norms="exact")
+    whole = ct.solve(problem, "fista", tol=1e-8, working_set=False)
+    for result in (with_ws, whole):
+        assert result.certified
+        assert result.certificate.primal_objective == pytest.approx(reference.certificate.primal_objective, rel=1e-6)
+    sizes = [h.working_set for h in with_ws.history if h.kind == "certified" and h.working_set]
+    assert sizes and max(sizes) < 8 * 3 * 5  # Z (8, 3, 5): never every gate
+    mask = with_ws.screened
+    assert mask.shape == (8, 3) and mask.all(axis=1).any()  # a whole gate proved zero
+    assert np.all(with_ws.Z[mask.all(axis=1)] == 0.0) and np.all(ranks[mask.all(axis=1)] == 0)
+    assert np.all((~mask).sum(axis=1) >= ranks)  # the proved rank bound of each gate holds at the optimum
+    path = ct.solve_path(problem, n_betas=3, ratio=0.3, tol=1e-7)
+    assert all(point.certified for point in path) and np.all(path[0].result.Z == 0)
