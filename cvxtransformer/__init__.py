@@ -39,6 +39,7 @@ _EXPORTS = {
     "cvxtransformer.core.programs": ("AttentionProgram", "gate_mask", "sample_gates"),
     "cvxtransformer.core.mhsa": ("LinearMHSAProgram",),
     "cvxtransformer.core.gated_mhsa": ("GatedMHSAProgram", "attention_masks", "sample_gate_matrices"),
+    "cvxtransformer.core.mixer": ("MixerProgram", "MixerReduction", "MixerUnits", "channel_gates", "sample_gate_vectors"),
     "cvxtransformer.core.problem": ("ConvexProblem", "make_problem"),
     "cvxtransformer.core.certificate": ("Certificate", "dual_feasible_point", "kkt_residuals"),
     "cvxtransformer.core.reductions": ("AttentionHeads", "GatedMHSAHeads", "GatedMHSAReduction", "LinearMHSAReduction",

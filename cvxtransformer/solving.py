@@ -147,4 +147,5 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
                        build_seconds=times[0], solve_seconds=times[1], iterations=iterations,
                        U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), H=getattr(program, "H", None),
+                       gate_arrays=program.gate_arrays(),
                        history=history, screened=np.asarray(screened), formulation=formulation)

@@ -19,7 +19,8 @@ from .core.certificate import dual_feasible_point, relative_gap, scaled_residual
 from .core.problem import make_problem
 
 # Every (program, loss, target kind) that docs/conventions.md allows, on small random instances (for
-# "gated_mhsa" each loss once, to keep the grids fast: its pooled squared case is in tests/test_gated_mhsa.py).
+# "gated_mhsa" and "mixer" each loss once, to keep the grids fast: their pooled squared cases are in
+# tests/test_gated_mhsa.py and tests/test_mixer.py).
 CASES = [
     (8, "squared", "scalar"),
     (8, "logistic", "binary"),
@@ -37,19 +38,23 @@ CASES = [
     ("gated_mhsa", "squared", "sequence"),
     ("gated_mhsa", "cross_entropy", "classes"),
     ("gated_mhsa", "logistic", "binary"),
+    ("mixer", "squared", "channels"),
+    ("mixer", "cross_entropy", "classes"),
+    ("mixer", "logistic", "binary"),
 ]
 GROUP_LASSO_CASES = [c for c in CASES if c[0] in (8, 10, 12)]
 MHSA_CASES = [c for c in CASES if c[0] == "mhsa"]
 GATED_MHSA_CASES = [c for c in CASES if c[0] == "gated_mhsa"]
+MIXER_CASES = [c for c in CASES if c[0] == "mixer"]
 
 
 def case_id(case):
     return f"p{case[0]}-{case[1]}-{case[2]}"
 
 
-def random_targets(kind, rng, N, n, c=3):
+def random_targets(kind, rng, N, n, c=3, d=3):
     """Targets of one kind: scalar (N,), binary (N,) in {-1, +1}, vector (N, c), sequence (N, n, 2),
-    classes (N,) in [0, c)."""
+    channels (N, 2, d) (two outputs per channel of the "mixer" program), classes (N,) in [0, c)."""
     if kind == "scalar":
         return rng.standard_normal(N)
     if kind == "binary":
@@ -58,6 +63,8 @@ def random_targets(kind, rng, N, n, c=3):
         return rng.standard_normal((N, c))
     if kind == "sequence":
         return rng.standard_normal((N, n, 2))
+    if kind == "channels":
+        return rng.standard_normal((N, 2, d))
     if kind == "classes":
         return rng.integers(0, c, N)
     raise ValueError(kind)
@@ -65,10 +72,10 @@ def random_targets(kind, rng, N, n, c=3):
 
 def random_problem(program, loss, kind, seed=0, N=40, n=4, d=3, gates=3, frac=0.3):
     """A random instance with beta = frac * beta_max (so the optimum is sparse, or low-rank, but nonzero);
-    ``gates``: h of program (12), P of "gated_mhsa" (sampled from ``seed``)."""
+    ``gates``: h of program (12), P of "gated_mhsa" and "mixer" (sampled from ``seed``)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, n, d))
-    y = random_targets(kind, rng, N, n)
+    y = random_targets(kind, rng, N, n, d=d)
     problem = make_problem(X, y, program=program, loss=loss, beta=1.0, gates=gates, gate_seed=seed)
     return problem.with_beta(frac * problem.beta_max())
 
@@ -119,6 +126,31 @@ def check_recovery(problem, result, rtol=1e-9):
         if value is not None:
             assert np.isclose(value, cert.primal_objective, rtol=rtol, atol=0), \
                 f"recovered objective {value!r} != P(Z) {cert.primal_objective!r}"
+
+
+def check_training_against_bound(problem, network, lr, steps):
+    """Adam on the gated network of ``problem``'s family, ``network(m)`` with m heads (or units), against
+    the certified optimum: every objective on the way stays at or above D(V); with twice the heads the
+    optimum needs (its support size, at least 2) it ends within 1% of P(Z*); with one head it has a
+    rank-one Z whose P is at most its objective, and a certified gap of at least 1% of P(Z*).
+    Imports torch (the trainer)."""
+    from .nn.trainer import train
+    from .solving import solve
+
+    result = solve(problem, "clarabel", tol=1e-9, refine=True)
+    r = result.certificate.support_size
+    assert r >= 2 and result.certified, f"the optimum needs {r} heads (certified: {result.certified})"
+    bound, P_star = result.certificate.dual_objective, result.certificate.primal_objective
+    runs = {}
+    for m in (1, 2 * r):
+        runs[m] = train(network(m), problem.program.X, problem.T, problem.loss, problem.beta, lr=lr, steps=steps)
+        assert np.all(runs[m].history.objective >= bound), f"{m} heads went below the certified bound"
+    assert runs[2 * r].objective <= 1.01 * P_star, f"{2 * r} heads: {runs[2 * r].objective} > 1.01 P* = {P_star}"
+    one = runs[1].objective
+    Z1 = runs[1].network.effective_coefficients()
+    assert problem.regularizer.rank(Z1) == 1 and problem.primal_objective(Z1) <= one + 1e-9
+    assert one - bound >= 0.01 * P_star, f"one head: certified gap {one - bound} < 1% of P* = {P_star}"
+    return runs
 
 
 def residual_gap(problem, Z):

@@ -120,7 +120,8 @@ def test_generic_code_reads_the_family():
     assert labels == {8: ("program (8)", (), "nonzero groups"), 10: ("program (10)", (), "nonzero groups"),
                       12: ("program (12)", ("U1", "U2"), "nonzero groups"),
                       "mhsa": ("program (6) (linear MHSA)", (), "rank"),
-                      "gated_mhsa": ("gated-ReLU MHSA program", ("H",), "rank, summed over the gates")}
+                      "gated_mhsa": ("gated-ReLU MHSA program", ("H",), "rank, summed over the gates"),
+                      "mixer": ("gated-ReLU token-mixing program (MLP-Mixer)", ("G",), "rank, summed over the gates")}
     X = np.random.default_rng(3).standard_normal((6, 3, 2))
     for name, fam in registry.families().items():  # the label a family reports is its programs'
         y = X[:, 0, 0] if name == 8 else X[:, 0, :1]

@@ -95,6 +95,14 @@ def explicit_adjoint(problem, V):
                     G = sum(float(X[i, t] @ p.H[g] @ X[i, s] >= 0) * np.outer(X[i, s], X[i, s]) for s in range(n))
                     S[g] += np.einsum("kl,ab->kalb", G, np.outer(X[i, t], Vt[t]))
         return S.reshape(p.gates, d * d, d * c)
+    if p.name == "mixer":  # sum_{i,a} D_g(i, a) v_ia x_ia^T, v_ia = V_i / d on every channel when pooled
+        S = np.zeros(p.shape)
+        for i in range(p.N):
+            Vi = np.tile(V[i][:, None] / p.d, (1, p.d)) if p.pooled else V[i].reshape(p.n_out, p.d)
+            for g in range(p.gates):
+                for a in range(p.d):
+                    S[g] += float(p.G[g] @ X[i, :, a] >= 0) * np.outer(Vi[:, a], X[i, :, a])
+        return S
     M = np.ones((p.N, 1)) if p.mask is None else p.mask
     G = np.zeros(p.canonical_shape)
     for i in range(p.N):

@@ -17,9 +17,10 @@ from conftest import CASES, GROUP_LASSO_CASES, case_id, cuda, random_problem
 GRID = {
     ("clarabel", "primal", "float64", "cpu"): dict(tol=1e-7, stationarity=1e-3, feasibility=1e-4),
     ("clarabel", "dual", "float64", "cpu"): dict(tol=1e-7, stationarity=1e-3, feasibility=1e-4),
-    # SCS: its primal iterate keeps noise groups (no stationarity level)
-    ("scs", "primal", "float64", "cpu"): dict(tol=1e-4, stationarity=None, feasibility=1e-5),
-    ("scs", "dual", "float64", "cpu"): dict(tol=1e-4, stationarity=1e-1, feasibility=1e-5),
+    # SCS: its primal iterate keeps noise groups (no stationarity level); its dual feasibility is of the
+    # order of sqrt(gap) too: 1.04e-5 on "mixer" squared (compressed, relative gap 5e-9), hence 1e-4
+    ("scs", "primal", "float64", "cpu"): dict(tol=1e-4, stationarity=None, feasibility=1e-4),
+    ("scs", "dual", "float64", "cpu"): dict(tol=1e-4, stationarity=1e-1, feasibility=1e-4),
     ("fista", "primal", "float64", "cpu"): dict(tol=1e-8, stationarity=1e-2, feasibility=1e-2),
     ("fista", "primal", "float32", "cpu"): dict(tol=1e-4, stationarity=None, feasibility=1e-2),
     ("fista", "primal", "float64", "cuda"): dict(tol=1e-8, stationarity=1e-2, feasibility=1e-2),

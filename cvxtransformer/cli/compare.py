@@ -15,6 +15,9 @@ and Sahiner et al.):
 * gated-ReLU multi-head self-attention (``gated_mhsa``): the gated MHSA program, with the same gates H;
   the same heads with a real ReLU on the scores (``relu_mhsa``) are not covered (their masks move
   with W1): their objective is compared with the gated program's optimum, which they may beat;
+* the gated token-mixing MLP of an MLP-Mixer layer (``mixer``): the token-mixing program, with the
+  same gates G; the ReLU token-mixing MLP (``relu_mixer``) is not covered (each unit's gate is its own
+  sign), compared as ``relu_mhsa`` is;
 * ``convex``: the coefficients Z of ``--program`` (8/10/12) trained by Adam/SGD on P(Z) itself
   (the paper trains its convex model this way too), certified by the same D(V);
 * softmax attention (3): not covered; it is compared with the optimum of ``--program``, and
@@ -76,9 +79,10 @@ def configure(p):
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0 (shared by every model)")
     beta.add_argument("--beta-frac", type=positive_float, metavar="F", help="beta = F * beta_max of --program on DATA")
     p.add_argument("--models", default=None, metavar="M1,M2",
-                   help="comma-separated from alternative, gated, softmax, linear_mhsa, gated_mhsa, relu_mhsa, convex "
-                        "(default: alternative,softmax; gated,softmax for --program 12; linear_mhsa for --program "
-                        "mhsa; gated_mhsa,relu_mhsa for --program gated_mhsa; with --tune, convex is added for 8/10/12)")
+                   help="comma-separated from alternative, gated, softmax, linear_mhsa, gated_mhsa, relu_mhsa, mixer, "
+                        "relu_mixer, convex (default: alternative,softmax; gated,softmax for --program 12; linear_mhsa "
+                        "for --program mhsa; gated_mhsa,relu_mhsa for --program gated_mhsa; mixer,relu_mixer for "
+                        "--program mixer; with --tune, convex is added for 8/10/12)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="the networks' optimiser")
     p.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate (default 0.01; objectives are sums over samples, so SGD needs about 1/(N L))")
@@ -159,7 +163,8 @@ def prepare(args):
     for split in ("test", "val"):
         if f"y_{split}" in data and classes is not None:
             data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
-    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"), tuned=grid is not None)
+    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"), G=data.get("G"),
+                                tuned=grid is not None)
     return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
                 tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,

@@ -1,5 +1,5 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
-from ..core.registry import family
+from ..core.registry import GATE_ARRAYS, family
 from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
                       positive_int, tolerance)
 
@@ -146,7 +146,7 @@ def run_solve(args):
         check_output_file(args.out, "--out")
     X, y = data.rows()
     y, classes = encode_labels(y, args.loss)
-    problem = make_problem_from(args, X, y, data.U1, data.U2, H=data.H)
+    problem = make_problem_from(args, X, y, **data.gates)
     refine = False if args.no_refine else "auto"
     result = solve(problem, solver=args.solver, form=args.form, tol=args.tol, atol=args.atol, verbose=args.verbose,
                    refine=refine,
@@ -233,7 +233,7 @@ def _solve_distributed(args, options, rank):
     def build(X, y, U1, U2, max_label):
         if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
             local.classes = max_label + 1  # the classes of every shard
-        return make_problem_from(local, X, y, U1, U2, H=data.H)
+        return make_problem_from(local, X, y, **data.gates)
 
     problem = distributed.shard_data(data, build)
     if args.beta_frac is not None:
@@ -259,7 +259,7 @@ def _solve_distributed(args, options, rank):
 def configure_verify(p):
     p.add_argument("data", metavar="DATA", help=DATA_HELP + ", as for solve")
     p.add_argument("result", metavar="RESULT.npz",
-                   help="Z in the program's shape; optionally V (a dual point), beta, and the gates U1 and U2 or H")
+                   help="Z in the program's shape; optionally V (a dual point), beta, and the gates U1 and U2, H or G")
     add_problem_arguments(p)
     _refine_arguments(p)
 
@@ -285,7 +285,7 @@ def run_verify(args):
     X, y = data.rows()
     gates = _gates(args, data, res, fingerprint is None)
     y, classes = encode_labels(y, args.loss, res.get("classes"))
-    problem = make_problem_from(args, X, y, res.get("U1", data.U1), res.get("U2", data.U2), H=res.get("H", data.H))
+    problem = make_problem_from(args, X, y, **{**data.gates, **{k: res[k] for k in GATE_ARRAYS if k in res}})
     if np.shape(res["Z"]) != problem.program.shape:
         raise InvalidInputError(f"RESULT: Z has shape {np.shape(res['Z'])}, {problem.program.label} on this data "
                                 f"needs {problem.program.shape}; check --program, --gates and DATA")
@@ -304,8 +304,8 @@ def run_verify(args):
               "not by solve --out): it could not be checked that DATA is the data it was solved on", file=sys.stderr)
     else:
         names = family(args.program).gate_arrays
-        in_data = bool(names) and getattr(data, names[0]) is not None
-        arrays = {k: getattr(data, k) for k in names} if in_data else problem.program.gate_arrays()
+        in_data = bool(names) and names[0] in data.gates
+        arrays = {k: data.gates[k] for k in names} if in_data else problem.program.gate_arrays()
         if _gates_fingerprint(arrays) != fingerprint.get("gates"):
             raise InvalidInputError(f"RESULT: it was solved with other gates: {', '.join(names) or 'the gates'} "
                                     f"({'DATA' if in_data else gates}) differ from those of RESULT's fingerprint; "
@@ -369,7 +369,7 @@ def _stored_fingerprint(res):
 
 
 def _gates(args, data, res, note=True):
-    """Where the gates come from (program (12): U1, U2; gated_mhsa: H): "RESULT", "DATA" or
+    """Where the gates come from (program (12): U1, U2; gated_mhsa: H; mixer: G): "RESULT", "DATA" or
     "sampled (--gates G --gate-seed S)"; None for the programs without gates. When RESULT and DATA
     both hold gates and they differ, RESULT's are used (the gates Z was solved with) and, if ``note``
     (a RESULT without data fingerprint: with one, different gates are refused), a note on stderr
@@ -381,11 +381,11 @@ def _gates(args, data, res, note=True):
     names = family(args.program).gate_arrays
     if not names:
         return None
-    in_data = getattr(data, names[0]) is not None
+    in_data = names[0] in data.gates
     if names[0] not in res:
         return "DATA" if in_data else f"sampled (--gates {args.gates} --gate-seed {args.gate_seed})"
-    if note and in_data and not all(np.shape(res[k]) == np.shape(getattr(data, k))
-                                    and np.array_equal(res[k], getattr(data, k)) for k in names):
+    if note and in_data and not all(np.shape(res[k]) == np.shape(data.gates[k])
+                                    and np.array_equal(res[k], data.gates[k]) for k in names):
         print(f"cvxtransformer verify: note: RESULT's gates {', '.join(names)} differ from DATA's; certifying with "
               "RESULT's (the gates Z was solved with)", file=sys.stderr)
     return "RESULT"

@@ -147,6 +147,21 @@ def _relu_mhsa(problem, heads, sequence, seed):
     return ReluMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
 
 
+def _mixer(problem, heads, sequence, seed):
+    from ..nn.mixer import GatedMixer
+
+    p = problem.program  # per channel or pooled as the program is (``sequence`` is about tokens)
+    return GatedMixer(p.n, p.d, problem.T.shape[1], heads, p.G, gate=getattr(heads, "gate", None), pooled=p.pooled,
+                      seed=seed)
+
+
+def _relu_mixer(problem, heads, sequence, seed):
+    from ..nn.mixer import ReluMixer
+
+    p = problem.program
+    return ReluMixer(p.n, p.d, problem.T.shape[1], heads, pooled=p.pooled, seed=seed)
+
+
 def _convex(problem, heads, sequence, seed):
     from ..nn.convex import ConvexAttention
 
@@ -190,10 +205,16 @@ MODELS = {
                        note="the ReLU network has the gated network's heads and weight decay, but masks that move "
                             "with W1: the gated program's optimum is no bound for it, and objective - convex optimum "
                             "< 0 means it does better than any network on these fixed gates"),
+    "mixer": Model("(gated token mixing)", ("mixer",), _itself, _mixer, _per_gate_ranks),
+    "relu_mixer": Model("(ReLU token mixing)", ("mixer",), None, _relu_mixer, _around_rank,
+                        note="the ReLU token-mixing MLP has the gated network's units and weight decay, but each unit "
+                             "is gated by its own sign: the program's optimum is no bound for it, and objective - "
+                             "convex optimum < 0 means it does better than any network on these fixed gates"),
     "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex),
 }
 DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax"),
-                  "mhsa": ("linear_mhsa",), "gated_mhsa": ("gated_mhsa", "relu_mhsa")}
+                  "mhsa": ("linear_mhsa",), "gated_mhsa": ("gated_mhsa", "relu_mhsa"),
+                  "mixer": ("mixer", "relu_mixer")}
 
 
 def equation(model, program):

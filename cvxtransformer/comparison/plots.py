@@ -26,12 +26,14 @@ from ..core.io import save_figure
 from .models import equation
 
 COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
-          "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown"}
+          "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown",
+          "mixer": "tab:blue", "relu_mixer": "tab:brown"}
 ATTENTION_COLUMNS = 4  # panels per row of attention.png
 # the networks of singular_values.png, one colour each (green is the convex solution's)
 NETWORK_CYCLE = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
                  "tab:olive", "tab:cyan")
-CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green"}
+CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green",
+                 "mixer": "tab:green"}
 
 
 def convex_attention_map(Z4, n_out_tokens=None):

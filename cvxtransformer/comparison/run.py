@@ -179,10 +179,11 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
     options = dict(zip(("optimizer", "lr", "steps", "batch_size", "eval_every"), check_training_options(
         optimizer, DEFAULT_LR if lr is None else lr, steps, batch_size, eval_every, None, N)[:5]))
     check_choice("solver", solver, ("auto", *SOLVERS))
+    given = sequence is not None  # the default follows the program (per-token or per-channel outputs)
     if sequence is None:
         sequence = not problem.program.pooled if hasattr(problem.program, "pooled") else False
     n = problem.program.X.shape[1]
-    if sequence and problem.T.shape[1] % n:
+    if given and sequence and problem.T.shape[1] % n:
         raise invalid("sequence", f"False: {problem.T.shape[1]} outputs are not a multiple of n = {n} tokens", "True")
     out = Plan(problem=problem, models=models, heads=heads, options=options, seed=check_int("seed", seed),
                solver=solver, tol=check_tol(tol), gates=gates, gate_seed=check_int("gate_seed", gate_seed),

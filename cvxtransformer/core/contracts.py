@@ -16,7 +16,8 @@ A program also has, per instance (set by its constructor, so not checked on the 
 from .errors import InvalidInputError
 
 PROGRAM_FACES = {
-    "make_problem": ("build", "check_targets", "regularizer_class", "label", "gate_arrays", "log_norm"),
+    "make_problem": ("build", "check_targets", "check_target_shape", "regularizer_class", "label", "gate_arrays",
+                     "log_norm"),
     "the verifier and the certificates": ("forward", "adjoint", "check_Z", "check_V", "on", "block_norms"),
     "the torch backend": ("operator", "_make_operator", "block_norms"),
     "the command line": ("support_label",),

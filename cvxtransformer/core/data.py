@@ -34,6 +34,7 @@ from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
 from .fingerprint import fingerprint_rows
 from .io import check_regular_file, load_npz, record_input, why_unreadable
+from .registry import GATE_ARRAYS
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
 
@@ -75,13 +76,14 @@ class DataSet:
     """X, y (and gates) of DATA, opened without reading X (see the module docstring).
 
     Attributes: ``N`` (rows in all), ``shape`` (N, n, d), ``counts`` (rows per shard), ``U1``,
-    ``U2``, ``H`` (None when absent), ``in_memory`` (True for a .npz file), ``sources`` (the file or
-    folder of each shard, for messages).
+    ``U2``, ``H`` (None when absent), ``gates`` (every gate array present, by name: those and ``G``),
+    ``in_memory`` (True for a .npz file), ``sources`` (the file or folder of each shard, for messages).
     """
 
-    def __init__(self, parts, U1=None, U2=None, in_memory=False, H=None):
+    def __init__(self, parts, U1=None, U2=None, in_memory=False, H=None, **gates):
         self.parts, self.U1, self.U2, self.in_memory, self.H = parts, U1, U2, in_memory, H
         self.sources = [None] * len(parts)
+        self.gates = {k: v for k, v in dict(U1=U1, U2=U2, H=H, **gates).items() if v is not None}  # by name
         self.counts = [len(X) for X, _ in parts]
         self.N = sum(self.counts)
         self.shape = (self.N,) + parts[0][0].shape[1:]
@@ -207,7 +209,7 @@ def open_data(paths, role="DATA"):
             if data[name].ndim == 0:  # rows are sliced from it before make_problem checks values
                 raise InvalidInputError(f"{role}: {name} in {os.fspath(paths[0])!r} is one number (a 0-d array); "
                                         f"expected one row per sample, shape (N, ...): save {name} as an array")
-        out = DataSet([(data["X"], data["y"])], data.get("U1"), data.get("U2"), in_memory=True, H=data.get("H"))
+        out = DataSet([(data["X"], data["y"])], in_memory=True, **{k: data.get(k) for k in GATE_ARRAYS})
         out.sources = [os.fspath(paths[0])]
         return out
     parts, gates = [], {}
@@ -225,7 +227,7 @@ def open_data(paths, role="DATA"):
         if parts and (X.shape[1:] != parts[0][0].shape[1:] or y.shape[1:] != parts[0][1].shape[1:]):
             raise InvalidInputError(f"{where}: shards differ in shape: X {X.shape}, y {y.shape} against X "
                                     f"{parts[0][0].shape}, y {parts[0][1].shape} in the first shard")
-        for name in ("U1", "U2", "H"):
+        for name in GATE_ARRAYS:
             path = os.path.join(folder, name + ".npy")
             if os.path.isfile(path):
                 U = np.array(_npy(path, role, name), dtype=float)
@@ -234,7 +236,7 @@ def open_data(paths, role="DATA"):
                                             "must use the same gates")
                 gates[name] = U
         parts.append((X, y))
-    out = DataSet(parts, gates.get("U1"), gates.get("U2"), H=gates.get("H"))
+    out = DataSet(parts, **gates)
     out.sources = folders
     return out
 

@@ -109,7 +109,7 @@ def parse_program(program):
 
 
 def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1=None, U2=None, gates=None,
-                 gate_seed=0, n_classes=None, H=None):
+                 gate_seed=0, n_classes=None, H=None, G=None):
     """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"`` or the
     gated-ReLU MHSA program ``"gated_mhsa"``.
 
@@ -132,6 +132,8 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
         and ``gate_seed`` when not given
     H : gate matrices (P, d, d) of ``"gated_mhsa"``; sampled from ``gates`` (default 8) and
         ``gate_seed`` when not given
+    G : gate vectors (P, n) of the token-mixing program ``"mixer"`` (its targets per channel are
+        ``(N, n_out, d)``); sampled from ``gates`` (default 8) and ``gate_seed`` when not given
     n_classes : number of classes c for the cross-entropy loss (default ``max(y) + 1``)
 
     The problem owns its data: in-memory arrays (X, y, the gates) are copied unless converted anyway,
@@ -177,14 +179,13 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
     if y_arr.size == 0:
         raise invalid("y", "at least one output per sample", f"shape {y_arr.shape} (no outputs)",
                       "give y one column per output, e.g. shape (N,) or (N, c)")
-    if y_arr.ndim == 3 and y_arr.shape[1] != n:
-        raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y_arr.shape}")
+    fam.program.check_target_shape(X, y_arr)
     fam.program.check_targets(program, y_arr)
     T = loss.encode(y_arr, n_classes)  # new, or a view of y_arr
     T.flags.writeable = False
-    U1, U2, H = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H))  # copies: the caller's change
+    U1, U2, H, G = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H, G))  # copies: the caller's
     gate_seed = check_int("gate_seed", gate_seed, 0)  # numpy's seeds: non-negative integers
-    options = dict(U1=U1, U2=U2, H=H, gates=gates, gate_seed=gate_seed)
+    options = dict(U1=U1, U2=U2, H=H, G=G, gates=gates, gate_seed=gate_seed)
     refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
     if refused:
         owner = next(f.name for f in families().values() if refused[0] in f.options)

@@ -495,6 +495,14 @@ class Program:
         """Refuse targets ``y`` (validated, before the loss encodes them) of a shape that program ``name``
         does not take; every shape the loss takes is accepted here."""
 
+    @classmethod
+    def check_target_shape(cls, X, y):
+        """Refuse targets ``y`` whose shape does not fit the data ``X`` (N, n, d) (both validated): here
+        sequence targets must be ``(N, n, c)``, one row per token."""
+        n = X.shape[1]
+        if y.ndim == 3 and y.shape[1] != n:
+            raise invalid("y", f"sequence targets of shape (N, n={n}, c)", f"shape {y.shape}")
+
     def operator(self, device="cpu", dtype=F64, chunk=None):
         """The torch operator on ``device`` in ``dtype`` (cached for the default chunking)."""
         device, dtype = resolve_device(device), resolve_dtype(dtype)

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from .contracts import PROGRAM_FACES, REDUCTION_FACES, REGULARIZER_FACES, check_faces
 from .errors import invalid
 
-MODULES = ("cvxtransformer.core.reductions",)  # importing these registers the built-in families
-GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices"}  # arrays of make_problem
+# importing these registers the built-in families
+MODULES = ("cvxtransformer.core.reductions", "cvxtransformer.core.mixer")
+# the gate arrays of make_problem
+GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices", "G": "gate vectors"}
 _FAMILIES = {}
 
 

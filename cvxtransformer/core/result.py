@@ -90,6 +90,7 @@ class SolveResult:
     screened: Optional[np.ndarray] = None
     formulation: Optional[str] = None
     solver_choice: Optional[str] = None  # why solver="auto" took ``solver`` (None: the solver was named)
+    gate_arrays: dict = field(default_factory=dict)  # the program's gate arrays by name (program.gate_arrays())
 
     @property
     def certified(self):
@@ -108,12 +109,14 @@ class SolveResult:
         return [asdict(h) for h in self.history]
 
     def save(self, path, **extra):
-        """Write ``Z``, ``V``, ``beta`` (and ``U1``, ``U2`` for program (12), ``H`` for the gated MHSA
-        program) and the ``extra`` arrays to ``path`` atomically."""
+        """Write ``Z``, ``V``, ``beta``, the program's gate arrays (``U1``, ``U2`` for program (12), ``H`` for
+        the gated MHSA program, ``G`` for the token-mixing program) and the ``extra`` arrays to ``path``
+        atomically."""
         arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary())),
                   **extra}
         if self.U1 is not None:
             arrays.update(U1=self.U1, U2=self.U2)
         if self.H is not None:
             arrays.update(H=self.H)
+        arrays.update(self.gate_arrays)
         save_npz(path, **arrays)
