@@ -273,7 +273,7 @@ def test_command_line_solve_and_verify_with_gates_in_data_and_result(tmp_path, c
     for name, a in (("X", X), ("y", y), ("G", saved["G"][:2])):
         np.save(folder / f"{name}.npy", a)
     np.savez(tmp_path / "g.npz", X=X, y=y, G=saved["G"][:2])
-    expected = ct.make_problem(X, y, program="mixer", G=saved["G"][:2]).beta_max()
+    expected = ct.make_problem(X, y, program="mixer", G=saved["G"][:2], beta=1.0).beta_max()
     for source in (folder, tmp_path / "g.npz"):
         assert main(["solve", str(source), *args, "--json", "--no-refine"]) in (0, 1)
         assert json.loads(capsys.readouterr().out)["beta_max"] == pytest.approx(expected, rel=1e-12)
