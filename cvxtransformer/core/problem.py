@@ -110,8 +110,8 @@ def parse_program(program):
 
 def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1=None, U2=None, gates=None,
                  gate_seed=0, n_classes=None, H=None, G=None):
-    """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"`` or the
-    gated-ReLU MHSA program ``"gated_mhsa"``.
+    """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"``, the
+    gated-ReLU MHSA program ``"gated_mhsa"`` or the gated token-mixing program ``"mixer"``.
 
     Parameters
     ----------
@@ -122,7 +122,7 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
         sequence (mean-pooled output). Labels that are not numbers (strings, booleans, ...) are class
         labels: sorted, ``classes[k] -> k`` (cross-entropy), ``classes[0] -> -1``, ``classes[1] -> +1``
         (logistic), kept as ``problem.classes`` (as the command line and the estimators map them)
-    program : 8, 10, 12, "mhsa" or "gated_mhsa" (:mod:`.registry`)
+    program : 8, 10, 12, "mhsa", "gated_mhsa" or "mixer" (:mod:`.registry`)
     loss : {"squared", "logistic", "cross_entropy"} or a Loss
     beta : float > 0, the regularization weight; or
     beta_frac : float > 0, beta = beta_frac * beta_max of the data (``0 < beta_frac < 1`` gives a nonzero
@@ -136,6 +136,8 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
         ``(N, n_out, d)``); sampled from ``gates`` (default 8) and ``gate_seed`` when not given
     n_classes : number of classes c for the cross-entropy loss (default ``max(y) + 1``)
 
+    Notes
+    -----
     The problem owns its data: in-memory arrays (X, y, the gates) are copied unless converted anyway,
     and kept read-only, so changing the caller's arrays afterwards changes nothing. A memory-mapped X
     (data larger than memory) is not copied: it is kept as a read-only view and its fingerprint

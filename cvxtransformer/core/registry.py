@@ -32,12 +32,12 @@ _FAMILIES = {}
 class Family:
     """One program family, under one name.
 
-    name : the program's name (``8``, ``10``, ``12``, ``"mhsa"``, ``"gated_mhsa"``)
-    program : the :class:`~.programs.Program` subclass; ``program.build(name, X, y, T, **options)``
-        makes it from validated data (y raw, T encoded by the loss)
-    reduction : the :class:`~.reductions.Reduction` of its nonconvex network
-    losses : names of the losses it allows
-    options : the options of ``make_problem`` that its builder takes
+    - ``name``: the program's name (``8``, ``10``, ``12``, ``"mhsa"``, ``"gated_mhsa"``, ``"mixer"``)
+    - ``program``: the :class:`~.programs.Program` subclass; ``program.build(name, X, y, T, **options)``
+      makes it from validated data (y raw, T encoded by the loss)
+    - ``reduction``: the :class:`~.reductions.Reduction` of its nonconvex network
+    - ``losses``: names of the losses it allows
+    - ``options``: the options of ``make_problem`` that its builder takes
     """
 
     name: object
