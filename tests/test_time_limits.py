@@ -201,15 +201,15 @@ def test_a_real_solve_stops_at_its_time_limit(program, loss, shape, gates):
     assert "time_limit reached" in result.status and not result.certified
 
 
-def one_pass_seconds(problem, Z, repeats=3):
-    """The fastest of ``repeats`` timed passes over the data: the forward map at Z and the adjoint of its
-    image (what a certificate check costs), through the problem's own operator."""
+def pass_seconds(problem, Z, repeats=2):
+    """``repeats`` timed passes over the data: the forward map at Z and the adjoint of its image (what a
+    certificate check costs), through the problem's own operator."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         problem.program.adjoint(problem.program.forward(Z))
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
 
 
 def assert_recomputed(problem, result):
@@ -232,18 +232,25 @@ def test_issue33_gated_mhsa_time_limits_bound_the_whole_call():
     """Issue 33, item 4: gated_mhsa at d = 10 with 8 gates, ``time_limit=1, refine_time=1``, took 12 s at
     N = 2,000 and 31 s at N = 8,000 (start-up, certificate checks, the verifier's refinement and its
     certificate ran past the limits, a pass over the data each). The whole call now ends within the two
-    limits and a few passes over the data (timed here, so the bound follows the machine's speed and load),
-    and what it reports is recomputed from Z."""
+    limits and a few passes over the data (timed here, so the bound follows the machine's speed and load)
+    besides the evaluation of the recovered heads, and what it reports is recomputed from Z. (Before: 7.0 s
+    at N = 6,000, one pass 0.45 s; after: 2.2 to 3.6 s on the same loaded 2-core machine.)"""
     rng = np.random.default_rng(0)
     N = 6000
     X, Y = rng.standard_normal((N, 8, 10)), rng.standard_normal((N, 8, 2))
     problem = ct.make_problem(X, Y, program="gated_mhsa", gates=8, beta_frac=0.1)
     Z = 1e-3 * rng.standard_normal(problem.program.shape)
-    one_pass = one_pass_seconds(problem, Z)
+    before = pass_seconds(problem, Z)
     t0 = time.perf_counter()
     result = ct.solve(problem, solver="fista", time_limit=1, refine_time=1)
     seconds = time.perf_counter() - t0
-    assert seconds <= 1 + 1 + 6 * one_pass + 0.5, (seconds, one_pass)
+    one_pass = max(before + pass_seconds(problem, Z))  # the slowest, timed around the call: the load changes
+    # the certificate's recovered objective evaluates the network of the recovered heads: its cost grows with
+    # their number (not bounded by the limits; docs/reliability.md), timed here as well
+    t0 = time.perf_counter()
+    problem.reduction.objective(problem, problem.reduction.invert(problem, result.Z, "balanced"))
+    recovery = time.perf_counter() - t0
+    assert seconds <= 1 + 1 + 4 * one_pass + recovery + 0.5, (seconds, one_pass, recovery)
     assert "time_limit reached" in result.status and not result.certified
     cert = result.certificate
     assert cert.refine_status.startswith(("skipped: the time limit leaves", "time_limit reached")), cert.refine_status
