@@ -125,6 +125,9 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     backend = get_solver(solver, auto=True)
     backend.validate(problem, form, options)
     program = problem.program
+    start = time.perf_counter()
+    limit = options.get("time_limit")  # the whole call ends within time_limit + refine_time (+ a few passes)
+    deadline = None if limit is None else start + float(limit) + float(refine_time)
     screened = formulation = None
     if problem.beta >= problem.beta_max():
         Z, V, status, times, iterations, history = (problem.zeros(), None, "zero (beta >= beta_max)",
@@ -139,9 +142,9 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
         times, screened, formulation = (out.build_seconds, out.solve_seconds), out.screened, out.formulation
         if screen and screened is None:
             Z, screened = screen_solution(problem, Z, V)
-    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol)
-    if screened is None:
-        screened = gap_safe_screen(problem, cert.V, cert.duality_gap)
+    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol, deadline=deadline)
+    if screened is None:  # at the certificate's dual point, whose scores A^T V it computed
+        screened = gap_safe_screen(problem, cert.V, cert.duality_gap, cert.G)
     V_out = cert.V[:, 0] if program.scalar_output else cert.V
     return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver, solver_choice=choice,
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,

@@ -22,7 +22,7 @@ import numpy as np
 
 from cvxtransformer.solvers.proxgrad import ProxGrad
 
-from .core.certificate import assemble, best_dual, relative_gap, rounding_floor, verdict
+from .core.certificate import assemble, best_dual, checked_dual, relative_gap, residual_of, rounding_floor, verdict
 from .core.errors import InvalidInputError, SolverError, invalid
 from .core.problem import check_problem
 from .core.validation import check_positive, check_tol
@@ -30,14 +30,19 @@ from .core.validation import check_positive, check_tol
 REFINE_FLOOR = 1e-13  # relative gap of the refined point below which refinement stops
 
 
-def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
+REFINE_PASSES = 3  # passes over the data a refinement needs besides its iterations: its first and last checks, L
+LATE_PASSES = 1  # passes a time-limited loop may run past its limit (the iteration under way)
+
+
+def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR, primal=None):
     """A dual point for ``Z`` computed by the verifier (see the module docstring).
 
+    ``primal``: P(Z) when already computed (a pass over the data otherwise).
     Returns ``(V, seconds, status)``: V of shape (N, n_outputs) (not yet scaled: the certificate
     makes it feasible; None when the refinement failed), the wall time, and how the refinement ended.
     """
     start = time.perf_counter()
-    P_Z = float(problem.primal_objective(Z))
+    P_Z = float(problem.primal_objective(Z) if primal is None else primal)
 
     def stop(primal, dual):
         return relative_gap(primal, dual) <= floor or primal - dual <= 0.1 * (P_Z - primal)
@@ -50,7 +55,7 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR):
     return out.V, time.perf_counter() - start, out.status
 
 
-def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=None):
+def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=None, deadline=None):
     """Certify coefficients ``Z`` of ``problem``, from any solver.
 
     Parameters
@@ -70,6 +75,10 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
         is so far below P(0) that float64 cannot reach ``tol`` relative to D, the certificate's
         ``note`` says so and names the atol that would accept the gap
     refine_time : seconds allowed to the refinement
+    deadline : None, or a ``time.perf_counter()`` value by which the call should end (``solve``'s
+        ``time_limit + refine_time``): the refinement is shortened to end by it, with the passes over
+        the data that the certificate still needs (timed on the first one), or skipped (its status says
+        so). The certificate itself is always computed, from Z
 
     Returns
     -------
@@ -95,19 +104,28 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
         raise InvalidInputError(f"refine: expected True, False or 'auto', got {refine!r}")
     refine_time = check_positive("refine_time", refine_time)
     refinement = None
+    start = time.perf_counter()
+    residual = residual_of(problem, Z)  # one pass (forward and adjoint), shared with the certificate
+    one_pass = time.perf_counter() - start
+    checked = {source: checked_dual(problem, V) for source, V in candidates.items()}
     if refine:
-        primal, _, dual = best_dual(problem, Z, candidates.get("given"))
+        primal, _, dual = best_dual(problem, Z, candidates.get("given"), residual, checked.get("given"))
         auto = refine == "auto"
+        allowed = refine_time if deadline is None else min(
+            refine_time, deadline - time.perf_counter() - (LATE_PASSES + 1) * one_pass)  # + the refined point's pass
         if verdict(primal, dual, tol if auto else REFINE_FLOOR, atol if auto else None)[1] is not None:
             refinement = (0.0, "not needed: the gap is already at " + ("tol" if refine == "auto" else "the floor"))
         elif primal - dual <= rounding_floor(problem.loss, problem.T):
             refinement = (0.0, "not needed: the gap is at float64's rounding floor of P")
+        elif deadline is not None and allowed < REFINE_PASSES * one_pass:
+            refinement = (0.0, f"skipped: the time limit leaves {max(allowed, 0.0):.3g} s, less than the "
+                               f"{REFINE_PASSES} passes over the data ({one_pass:.3g} s each) a refinement needs")
         else:
-            V_ref, seconds, status = refine_dual(problem, Z, refine_time)
+            V_ref, seconds, status = refine_dual(problem, Z, allowed, primal=primal)
             if V_ref is not None:
                 candidates["refined"] = V_ref
             refinement = (seconds, status)
-    return assemble(problem, Z, candidates, tol, refinement, atol)
+    return assemble(problem, Z, candidates, tol, refinement, atol, residual, checked)
 
 
 @dataclass

@@ -103,25 +103,41 @@ def kkt_residuals(problem, Z):
     return problem.regularizer.kkt_residuals(np.asarray(Z, dtype=float), G)
 
 
-def gap_safe_screen(problem, V, gap):
+def gap_safe_screen(problem, V, gap, G=None):
     """Blocks proved zero at every optimum by the gap-safe sphere test at a feasible point ``V``.
 
     The dual optimum lies within ``r = sqrt(2 gap / mu)`` of ``V`` (``mu``: strong concavity of D);
     the regulariser turns that into its blocks proved zero: groups (boolean array of the groups'
     shape) for the group lasso, singular directions for the nuclear norm (a proved rank bound).
+    ``G``: ``A^T V`` when already computed (a pass over the data otherwise).
     """
     radius = np.sqrt(2.0 * max(gap, 0.0) / problem.loss.strong_concavity)
-    return problem.regularizer.screen(problem.program.adjoint(V), radius, problem.program.block_norms())
+    G = problem.program.adjoint(V) if G is None else G
+    return problem.regularizer.screen(G, radius, problem.program.block_norms())
 
 
-def best_dual(problem, Z, V=None):
-    """P(Z) and the better of the scaled residual of Z and a candidate ``V``: ``(P, V_best, D(V_best))``."""
-    primal, R, s, dual, _ = scaled_residual(problem.loss, problem.regularizer, problem.program.forward,
-                                            problem.program.adjoint, problem.T, Z)
+def residual_of(problem, Z):
+    """:func:`scaled_residual` of ``Z`` on the problem's numpy faces: ``(P, V, s, D, G)``, one pass over the data."""
+    return scaled_residual(problem.loss, problem.regularizer, problem.program.forward, problem.program.adjoint,
+                           problem.T, Z)
+
+
+def checked_dual(problem, V):
+    """``(V_feasible, D(V_feasible), A^T V_feasible)``: a candidate made feasible (:func:`dual_feasible_point`),
+    its value and its scores (one adjoint pass over the data)."""
+    V = problem.loss.project_dual_domain(np.asarray(V, dtype=float), problem.T)
+    G = problem.program.adjoint(V)
+    V, s = dual_feasible_point(problem, V, G)
+    return V, problem.dual_objective(V), G * s
+
+
+def best_dual(problem, Z, V=None, residual=None, checked=None):
+    """P(Z) and the better of the scaled residual of Z and a candidate ``V``: ``(P, V_best, D(V_best))``.
+    ``residual``: :func:`residual_of` Z and ``checked``: :func:`checked_dual` of V, when already computed."""
+    primal, R, s, dual, _ = residual_of(problem, Z) if residual is None else residual
     best = R * s
     if V is not None:
-        other, _ = dual_feasible_point(problem, V)
-        value = problem.dual_objective(other)
+        other, value, _ = checked_dual(problem, V) if checked is None else checked
         if value > dual:
             best, dual = other, value
     return primal, best, dual
@@ -174,31 +190,34 @@ class Certificate:
     atol: Optional[float] = None
     certified_by: Optional[str] = None
     note: str = ""
+    G: Optional[np.ndarray] = field(default=None, repr=False)  # A^T V at V, the gap-safe tests' scores
 
     def to_dict(self):
         d = asdict(self)
         d.pop("V")
+        d.pop("G")
         return d
 
 
-def assemble(problem, Z, candidates, tol, refinement=None, atol=None):
+def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=None, checked=None):
     """The :class:`Certificate` of ``Z`` with the best of the dual ``candidates``; certified by
     :func:`verdict` (``relative_gap <= tol``, or ``gap <= atol`` when ``atol`` is given).
 
     ``candidates``: dict source -> dual point (N, n_outputs); each is made feasible here.
     ``refinement``: ``(seconds, status)`` of the refinement that produced the ``"refined"`` candidate.
+    ``residual``: :func:`residual_of` Z, and ``checked``: dict source -> :func:`checked_dual` of that
+    candidate, when the caller computed them from the same Z and candidates (each is a pass over the data).
     """
-    program, loss, reg, T = problem.program, problem.loss, problem.regularizer, problem.T
-    primal, R, s, residual_dual, G = scaled_residual(loss, reg, program.forward, program.adjoint, T, Z)
-    best = ("residual", R * s, residual_dual)
-    gaps = {}
+    loss, reg, T = problem.loss, problem.regularizer, problem.T
+    primal, R, s, residual_dual, G = residual_of(problem, Z) if residual is None else residual
+    best = ("residual", R * s, residual_dual, G * s)
+    gaps, checked = {}, checked or {}
     for source, V in candidates.items():
-        V, _ = dual_feasible_point(problem, V)
-        value = problem.dual_objective(V)
+        V, value, scores = checked[source] if source in checked else checked_dual(problem, V)
         gaps[source] = relative_gap(primal, value)
         if value > best[2]:
-            best = (source, V, value)
-    source, V, dual = best
+            best = (source, V, value, scores)
+    source, V, dual, scores = best
     gap = primal - dual
     stationarity, feasibility = reg.kkt_residuals(Z, G)
     reduction = problem.reduction
@@ -214,4 +233,5 @@ def assemble(problem, Z, candidates, tol, refinement=None, atol=None):
         beta_max=float(problem.beta_max()), support_size=reg.support_size(Z), heads_recovered=balanced.heads,
         recovered_objective=reduction.objective(problem, balanced),
         recovered_objective_lemma1=None if lemma1 is None else reduction.objective(problem, lemma1),
-        tol=tol, certified=by is not None, V=to_numpy(V), atol=atol, certified_by=by, note=note)
+        tol=tol, certified=by is not None, V=to_numpy(V), atol=atol, certified_by=by, note=note,
+        G=to_numpy(scores))

@@ -218,6 +218,7 @@ class _Run:
             if Yhat is None and not getattr(self.op64, "streams", False):  # streamed: one pass in check
                 Yhat = self.ws.forward(self.x)
             chk = self.cert.check(self.x, Yhat)
+            budget.reserve = chk.seconds  # the iterations leave time for the last check within the time limit
             for what, value in (("the objective at the iterate", chk.primal), ("the dual objective", chk.dual)):
                 if not math.isfinite(value):
                     raise overflow(what, value)
@@ -286,15 +287,17 @@ class _Run:
 
     def first_order(self, sm, x, tol, budget, o, on_check, slack, polish, floor, limit=None):
         """FISTA on ``sm`` (at most ``limit`` iterations), from a Lipschitz estimate kept per working set."""
+        ix = None
         if "L" not in self.cache:  # refined by backtracking
-            self.cache["L"] = sm.lipschitz_guess(None if isinstance(sm, GramSmooth) else sm.grad(x, sm.image(x))[0])
+            ix = None if isinstance(sm, GramSmooth) else sm.image(x)  # shared with fista's start
+            self.cache["L"] = sm.lipschitz_guess(None if ix is None else sm.grad(x, ix)[0])
         cap = budget.max_iter
         if limit is not None:
             budget.max_iter = min(cap, budget.iterations + limit)
         try:
             x, ix, self.cache["L"], reason = fista(sm, x, self.problem.regularizer, self.cache["L"], tol, budget,
                                                    o["check_every"], on_check, slack, polish=polish, floor=floor,
-                                                   rounding=self.rounding_w)
+                                                   rounding=self.rounding_w, ix=ix)
         finally:
             budget.max_iter = cap
         return x, ix, reason

@@ -30,6 +30,7 @@ class Budget:
         self.max_iter = max_iter
         self.deadline = None if time_limit is None else time.perf_counter() + time_limit
         self.shards = shards
+        self.reserve = 0.0  # seconds kept for the work after the loops (the driver's final check): they end earlier
 
     def local_deadline(self):
         """The deadline for loops whose iterations the processes need not agree on (one process:
@@ -41,7 +42,7 @@ class Budget:
             return "max_iter"
         if self.deadline is not None:
             self.calls += 1
-            late = time.perf_counter() >= self.deadline
+            late = time.perf_counter() >= self.deadline - self.reserve
             if self.shards is not None:
                 if (self.calls - 1) % SYNC_EVERY:  # calls 1, 1 + SYNC_EVERY, ...
                     return None
@@ -76,7 +77,7 @@ def gap_at(sm, reg, x):
 
 
 def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9, stall_checks=30, polish=None,
-          floor=math.inf, rounding=0.0):
+          floor=math.inf, rounding=0.0, ix=None):
     """Run FISTA on ``sm`` + ``reg`` from ``x`` until the subproblem's relative gap is <= ``tol``.
 
     Parameters
@@ -94,13 +95,14 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
         above it slow progress is only slow, and the budget ends the run
     rounding : gap (absolute) at which P's rounding decides, whatever the relative gap (near
         interpolation, p* far below P(0)): such a gap that stops decreasing is a stall too
+    ix : ``sm.image(x)`` when already computed (a pass over the data otherwise)
 
     Returns
     -------
     x, its image, L, reason: ``"converged"``, ``"stalled"`` (the gap stopped decreasing at this
     precision) or the budget that ran out.
     """
-    ix = sm.image(x)
+    ix = sm.image(x) if ix is None else ix
     y, iy, t = x, ix, 1.0
     best, stale = math.inf, 0
     if not math.isfinite(L):
