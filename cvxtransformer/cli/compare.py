@@ -144,6 +144,7 @@ def prepare(args):
     from ..comparison.models import check_heads, check_models
     from ..core.errors import InvalidInputError
     from ..core.io import load_npz
+    from ..core.registry import gate_arrays
     from .options import encode_labels, make_problem_from
 
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
@@ -163,8 +164,8 @@ def prepare(args):
     for split in ("test", "val"):
         if f"y_{split}" in data and classes is not None:
             data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
-    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"), G=data.get("G"),
-                                tuned=grid is not None)
+    problem = make_problem_from(args, data["X"], y, tuned=grid is not None,
+                                **{k: data[k] for k in gate_arrays() if k in data})
     return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
                 tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,

@@ -190,6 +190,7 @@ class MixerProgram(Program):
     label = "gated-ReLU token-mixing program (MLP-Mixer)"
     regularizer_class = NuclearNorm
     support_label = "rank, summed over the gates"
+    gate_array_kinds = {"G": "gate vectors"}
 
     @classmethod
     def check_target_shape(cls, X, y):
