@@ -168,3 +168,23 @@ def test_gate_arrays_are_declared_by_the_families(monkeypatch):
     assert registry.families()["toy"].gate_arrays == ("W",) and registry.gate_arrays()["W"] == "toy gates"
     ct.make_problem(X, X[:, 0, :1], program="toy", beta=1.0, W=np.arange(3.0))
     np.testing.assert_array_equal(seen["W"], np.arange(3.0))
+
+
+def test_compare_models_and_colours_come_from_the_families_declarations():
+    from cvxtransformer.comparison.models import DEFAULT_MODELS, MODELS, _imported
+    from cvxtransformer.comparison.plots import COLORS
+
+    declared = {m: (name, spec) for name, fam in registry.families().items() for m, spec in fam.reduction.models.items()}
+    assert set(declared) - {"softmax"} == set(MODELS) - {"alternative", "gated", "softmax", "convex"}
+    for model, (name, spec) in declared.items():
+        assert name in MODELS[model].programs
+        if spec:
+            row = MODELS[model]
+            assert row.equation == spec["equation"] and COLORS[model] == spec["colour"]
+            assert (row.bounding is not None) == spec.get("bounded", True)
+            assert row.build.func is _imported and row.build.args == (spec["build"],)
+            assert (model in DEFAULT_MODELS[name]) == bool(spec.get("default"))
+    X = np.random.default_rng(0).standard_normal((6, 3, 2))
+    P = ct.make_problem(X, X[:, :1, :], program="mixer", beta=1.0, gates=2)
+    net = MODELS["mixer"].build(P, 3, False, 0)  # the builder named by the family, imported when called
+    assert type(net).__name__ == "GatedMixer"

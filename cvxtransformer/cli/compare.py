@@ -79,10 +79,10 @@ def configure(p):
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0 (shared by every model)")
     beta.add_argument("--beta-frac", type=positive_float, metavar="F", help="beta = F * beta_max of --program on DATA")
     p.add_argument("--models", default=None, metavar="M1,M2",
-                   help="comma-separated from alternative, gated, softmax, linear_mhsa, gated_mhsa, relu_mhsa, mixer, "
-                        "relu_mixer, convex (default: alternative,softmax; gated,softmax for --program 12; linear_mhsa "
-                        "for --program mhsa; gated_mhsa,relu_mhsa for --program gated_mhsa; mixer,relu_mixer for "
-                        "--program mixer; with --tune, convex is added for 8/10/12)")
+                   help="comma-separated names of models that join --program: alternative, gated, softmax, convex "
+                        "for 8/10/12, the networks each other family declares (cvxtransformer.comparison.MODELS); "
+                        "default: alternative,softmax; gated,softmax for --program 12; the family's own for the "
+                        "others; with --tune, convex is added for 8/10/12")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="the networks' optimiser")
     p.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate (default 0.01; objectives are sums over samples, so SGD needs about 1/(N L))")
