@@ -188,3 +188,14 @@ def test_compare_models_and_colours_come_from_the_families_declarations():
     P = ct.make_problem(X, X[:, :1, :], program="mixer", beta=1.0, gates=2)
     net = MODELS["mixer"].build(P, 3, False, 0)  # the builder named by the family, imported when called
     assert type(net).__name__ == "GatedMixer"
+
+
+def test_testing_cases_are_the_families_declared_cases(monkeypatch):
+    from cvxtransformer import testing
+
+    assert testing.CASES == [(n, loss, kind) for n, f in registry.families().items() for loss, kind in f.cases]
+    assert {c[0] for c in testing.CASES} == set(registry.families())  # every built-in family has cases
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    with pytest.raises(InvalidInputError, match=r"^cases: expected .* a loss of \('squared',\), got \('logistic'"):
+        registry.register("toy", AttentionProgram, Proposition1, ("squared",), cases=(("logistic", "binary"),))
+    assert "toy" not in registry.families()

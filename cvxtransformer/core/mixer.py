@@ -423,4 +423,5 @@ class MixerReduction(Reduction):
         return problem.loss.value(Yhat, problem.T) + penalty
 
 
-register("mixer", MixerProgram, MixerReduction, ("squared", "logistic", "cross_entropy"), ("G", "gates", "gate_seed"))
+register("mixer", MixerProgram, MixerReduction, ("squared", "logistic", "cross_entropy"), ("G", "gates", "gate_seed"),
+         cases=(("squared", "channels"), ("cross_entropy", "classes"), ("logistic", "binary")))  # testing.CASES

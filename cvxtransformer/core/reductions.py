@@ -451,8 +451,15 @@ def nonconvex_objective(problem, weights):
 
 
 ALL_LOSSES = ("squared", "logistic", "cross_entropy")
-register(8, AttentionProgram, Proposition1, ("squared", "logistic"))
-register(10, AttentionProgram, Proposition1, ALL_LOSSES)
-register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"))
-register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES)
-register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"))
+# cases: the (loss, target kind) pairs of cvxtransformer.testing.CASES (for "gated_mhsa" each loss once, to keep
+# the grids fast: its pooled squared case is in tests/test_gated_mhsa.py)
+register(8, AttentionProgram, Proposition1, ("squared", "logistic"),
+         cases=(("squared", "scalar"), ("logistic", "binary")))
+register(10, AttentionProgram, Proposition1, ALL_LOSSES,
+         cases=(("squared", "vector"), ("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")))
+register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"),
+         cases=(("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")))
+register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES,
+         cases=(("squared", "sequence"), ("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")))
+register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"),
+         cases=(("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")))

@@ -47,6 +47,8 @@ class Family:
     losses : names of the losses it allows
     options : the options of ``make_problem`` that its builder takes: ``gates``, ``gate_seed`` and gate
         arrays that the program class declares (``program.gate_array_kinds``: name -> description)
+    cases : its standard test cases, ``(loss, target kind)`` pairs (the kinds of
+        :func:`cvxtransformer.testing.random_targets`); ``testing.CASES`` is built from them
     """
 
     name: object
@@ -54,6 +56,7 @@ class Family:
     reduction: type
     losses: tuple
     options: tuple = ()
+    cases: tuple = ()
 
     @property
     def label(self):
@@ -79,7 +82,7 @@ def gate_arrays():
     return {k: f.program.gate_array_kinds[k] for f in families().values() for k in f.gate_arrays}
 
 
-def register(name, program, reduction, losses, options=()):
+def register(name, program, reduction, losses, options=(), cases=()):
     """Register a family under ``name`` (replacing any family of that name), once its program class,
     the program's regulariser and the reduction offer every face of the contract (:mod:`.contracts`);
     otherwise one error names the missing faces."""
@@ -91,7 +94,10 @@ def register(name, program, reduction, losses, options=()):
         raise invalid("options", f"options of make_problem: {', '.join(SHARED_OPTIONS)} or the gate arrays that "
                       f"{program.__name__}.gate_array_kinds declares ({', '.join(program.gate_array_kinds) or 'none'})",
                       ", ".join(unknown), f"declare them in {program.__name__}.gate_array_kinds")
-    _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options))
+    bad = [case for case in cases if case[0] not in losses]
+    if bad:
+        raise invalid("cases", f"(loss, target kind) pairs with a loss of {tuple(losses)}", repr(bad[0]))
+    _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options), tuple(map(tuple, cases)))
 
 
 def families():
