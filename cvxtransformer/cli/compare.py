@@ -93,8 +93,8 @@ def configure(p):
                         "bounding program for (9)/(11), enough for any convex solution; for (5) and the MHSA "
                         "networks, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates))")
     p.add_argument("--gates", type=positive_int, default=8, metavar="H",
-                   help="gates: h of program (12) and network (11) when DATA has no U1, U2; P of gated_mhsa when "
-                        "DATA has no H")
+                   help="gates sampled when DATA has none of the program's gate arrays: h of program (12) and "
+                        "network (11), P of a family with P gates")
     p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates")
     p.add_argument("--classes", type=positive_int, default=None, help="number of classes (cross-entropy only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisations and mini-batches")

@@ -103,7 +103,8 @@ def configure_solve(p):
                         "clarabel for a small problem, fista otherwise (the output says which and why)")
     p.add_argument("--formulation", choices=("auto", "compressed", "factored", "direct"), default="auto",
                    help="how clarabel and scs get the program: auto (the squared loss compressed to the size of Z "
-                        "whatever N; mhsa's factored map where smaller), or forced; direct is the dense design")
+                        "whatever N; a factored map where the program has one and it is smaller), or forced; direct is "
+                        "the dense design")
     p.add_argument("--out", metavar="RESULT.npz",
                    help="write Z, V, beta (and the gates U1, U2 or H) here, with the data's SHA-256 fingerprint")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
