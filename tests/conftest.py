@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cvxtransformer.testing import CASES, GROUP_LASSO_CASES, case_id, cases_of, random_problem, random_targets  # noqa: F401
+from cvxtransformer.testing import (CASES, GROUP_LASSO_CASES, case_id, cases_of, random_problem,  # noqa: F401
+                                   random_targets)
 
 MHSA_CASES, GATED_MHSA_CASES, MIXER_CASES = cases_of("mhsa"), cases_of("gated_mhsa"), cases_of("mixer")
 

@@ -174,7 +174,8 @@ def test_compare_models_and_colours_come_from_the_families_declarations():
     from cvxtransformer.comparison.models import DEFAULT_MODELS, MODELS, _imported
     from cvxtransformer.comparison.plots import COLORS
 
-    declared = {m: (name, spec) for name, fam in registry.families().items() for m, spec in fam.reduction.models.items()}
+    declared = {m: (name, spec) for name, fam in registry.families().items()
+                for m, spec in fam.reduction.models.items()}
     assert set(declared) - {"softmax"} == set(MODELS) - {"alternative", "gated", "softmax", "convex"}
     for model, (name, spec) in declared.items():
         assert name in MODELS[model].programs
