@@ -50,8 +50,9 @@ _EXPORTS = {
     "cvxtransformer.verify": ("NetworkCertificate", "certify", "certify_network"),
     "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
     "cvxtransformer.comparison": ("Comparison", "compare"),
-    "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "GatedMHSAClassifier", "GatedMHSARegressor",
-                                  "MHSAClassifier", "MHSARegressor", "TokenStandardScaler"),
+    "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "ConvexClassifier", "ConvexRegressor",
+                                  "GatedMHSAClassifier", "GatedMHSARegressor", "MHSAClassifier", "MHSARegressor",
+                                  "MixerClassifier", "MixerRegressor", "TokenStandardScaler"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -6,7 +6,11 @@ offer for the lasso.
 * :class:`MHSARegressor`, :class:`MHSAClassifier`: the nuclear-norm program of linear multi-head
   self-attention (program (6) of Sahiner et al., ``"mhsa"``);
 * :class:`GatedMHSARegressor`, :class:`GatedMHSAClassifier`: the gated-ReLU multi-head self-attention
-  program (a nuclear norm per gate, ``"gated_mhsa"``).
+  program (a nuclear norm per gate, ``"gated_mhsa"``);
+* :class:`MixerRegressor`, :class:`MixerClassifier`: the gated-ReLU token-mixing program (``"mixer"``);
+* :class:`ConvexRegressor`, :class:`ConvexClassifier`: any registered program family, named by
+  ``program`` (:mod:`cvxtransformer.core.registry`); the classes above are these with the program fixed
+  (or, for the attention programs, restricted to (8), (10), (12)) and their own defaults.
 
 ``X`` is 3-d, ``(N, n, d)``: N sequences of n tokens of dimension d (docs/conventions.md). The
 losses are summed over samples, so ``beta`` grows with N; ``beta_frac`` (beta as a fraction of
@@ -50,25 +54,26 @@ from .core.problem import make_problem, parse_program
 from .core.validation import check_array, check_choice, check_int, check_tol
 from .solving import solve
 
-__all__ = ["AttentionClassifier", "AttentionRegressor", "GatedMHSAClassifier", "GatedMHSARegressor", "MHSAClassifier",
-           "MHSARegressor", "TokenStandardScaler"]
+__all__ = ["AttentionClassifier", "AttentionRegressor", "ConvexClassifier", "ConvexRegressor", "GatedMHSAClassifier",
+           "GatedMHSARegressor", "MHSAClassifier", "MHSARegressor", "MixerClassifier", "MixerRegressor",
+           "TokenStandardScaler"]
 
 
 class _ConvexEstimator(BaseEstimator):
-    """Fit and predict shared by the four estimators; subclasses set how targets are encoded."""
+    """Fit and predict shared by the estimators; subclasses set how targets are encoded."""
 
-    _programs = (8, 10, 12)  # the values the ``program`` parameter may take
+    _programs = None  # the values the ``program`` parameter may take (None: every registered family)
 
     def _program(self):
-        if len(self._programs) == 1:
+        if self._programs is not None and len(self._programs) == 1:
             return self._programs[0]
-        program = parse_program(self.program)
-        if program not in self._programs:
+        program = parse_program(self.program)  # a registered family, or an error naming ``program``
+        if self._programs is not None and program not in self._programs:
             *first, last = map(str, self._programs)
-            takers = [cls.__name__ for base in _ConvexEstimator.__subclasses__() for cls in base.__subclasses__()
-                      if program in cls._programs]
+            takers = [cls.__name__ for cls in _subclasses(_ConvexEstimator)  # this module's (not users' subclasses)
+                      if cls.__module__ == __name__ and cls._programs is not None and program in cls._programs]
             raise invalid("program", f"{', '.join(first)} or {last}", repr(program),
-                          f"use {' or '.join(takers)} for {program!r}" if takers else "use make_problem and solve")
+                          f"use {' or '.join(takers or ['ConvexRegressor', 'ConvexClassifier'])} for {program!r}")
         return program
 
     def _solve(self, X, y, loss, n_classes=None):
@@ -114,6 +119,11 @@ class _ConvexEstimator(BaseEstimator):
         return tags
 
 
+def _subclasses(cls):
+    """Every subclass of ``cls``, depth first."""
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
 def _targets(y):
     if y is None:
         raise invalid("y", "targets, one per sample of X", "None", "pass y to fit")
@@ -132,7 +142,7 @@ class _Regressor(RegressorMixin, _ConvexEstimator):
             except (TypeError, ValueError):
                 raise invalid("y", "real targets", "non-numeric values") from None
         self._solve(X, y, "squared")
-        self._target_ndim = y.ndim
+        self._target_ndim, self._target_width = y.ndim, y.shape[-1]
         return self
 
     def predict(self, X):
@@ -140,8 +150,8 @@ class _Regressor(RegressorMixin, _ConvexEstimator):
         out = self._outputs(X)
         if self._target_ndim == 1:
             return out[:, 0]
-        if self._target_ndim == 3:
-            return out.reshape(out.shape[0], np.shape(X)[1], -1)
+        if self._target_ndim == 3:  # per token (N, n, c) or per channel (N, n_out, d): rows of the last width
+            return out.reshape(out.shape[0], -1, self._target_width)
         return out
 
     def score(self, X, y, sample_weight=None):
@@ -223,14 +233,14 @@ _PARAMETERS = """\
     refine : True, False or "auto", the verifier's refined dual point (:func:`cvxtransformer.certify`)
 """
 _GATES = """\
-    gates : int >= 1, number h of gates of program (12) (ignored by (8) and (10))
-    gate_seed : int, seed of the gates U1 (h, n), U2 (h, d) of program (12), sampled in ``fit``
+    gates : int >= 1, number of gates of a program with gates (h of (12); ignored by (8) and (10))
+    gate_seed : int, seed of the gates (U1 (h, n), U2 (h, d) of program (12)), sampled in ``fit``
 """
 _ATTRIBUTES = """
     Attributes
     ----------
     coef_ : ndarray, Z in the program's shape: (n, d) for (8), (c, n, d) for (10), (h, c, n, d) for
-        (12), (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa"
+        (12), (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa", (P, n_out, n) for "mixer"
     certificate_ : Certificate recomputed by the verifier (relative gap, KKT residuals, heads...)
     dual_gap_ : float, the duality gap P(Z) - D(V) of the certificate
     n_iter_ : int, the solver's iterations (0 when beta >= beta_max: Z = 0 without a solve)
@@ -242,13 +252,13 @@ _ATTRIBUTES = """
 """
 
 
-class AttentionRegressor(_Regressor):
-    __doc__ = """Group-lasso attention program (8), (10) or (12) with the squared loss.
+class ConvexRegressor(_Regressor):
+    __doc__ = """Any registered program family (``program``) with the squared loss.
 
     Parameters
     ----------
-    program : {8, 10, 12}
-        8: scalar output (y of shape (N,)); 10: c outputs; 12: with a gated-ReLU FCN.
+    program : a registered program's name (8, 10, 12, "mhsa", "gated_mhsa", "mixer" or one registered by
+        :func:`cvxtransformer.core.registry.register`); targets as :func:`cvxtransformer.make_problem` takes
 """ + _PARAMETERS + _GATES + _ATTRIBUTES
 
     def __init__(self, program=10, beta=None, beta_frac=None, gates=8, gate_seed=0, solver="auto", tol=1e-6,
@@ -257,12 +267,12 @@ class AttentionRegressor(_Regressor):
         self.solver, self.tol, self.refine = solver, tol, refine
 
 
-class AttentionClassifier(_Classifier):
-    __doc__ = """Group-lasso attention program (8), (10) or (12) with the logistic or cross-entropy loss.
+class ConvexClassifier(_Classifier):
+    __doc__ = """Any registered program family (``program``) with the logistic or cross-entropy loss.
 
     Parameters
     ----------
-    program : {8, 10, 12} (program (8) takes the logistic loss only)
+    program : a registered program's name, as for :class:`ConvexRegressor`
     loss : {"cross_entropy", "logistic"} (logistic: two classes)
 """ + _PARAMETERS + _GATES + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
 """
@@ -273,7 +283,30 @@ class AttentionClassifier(_Classifier):
         self.gates, self.gate_seed, self.solver, self.tol, self.refine = gates, gate_seed, solver, tol, refine
 
 
-class MHSARegressor(_Regressor):
+class AttentionRegressor(ConvexRegressor):
+    __doc__ = """Group-lasso attention program (8), (10) or (12) with the squared loss.
+
+    Parameters
+    ----------
+    program : {8, 10, 12}
+        8: scalar output (y of shape (N,)); 10: c outputs; 12: with a gated-ReLU FCN.
+""" + _PARAMETERS + _GATES + _ATTRIBUTES
+    _programs = (8, 10, 12)
+
+
+class AttentionClassifier(ConvexClassifier):
+    __doc__ = """Group-lasso attention program (8), (10) or (12) with the logistic or cross-entropy loss.
+
+    Parameters
+    ----------
+    program : {8, 10, 12} (program (8) takes the logistic loss only)
+    loss : {"cross_entropy", "logistic"} (logistic: two classes)
+""" + _PARAMETERS + _GATES + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
+"""
+    _programs = (8, 10, 12)
+
+
+class MHSARegressor(ConvexRegressor):
     __doc__ = """Nuclear-norm program of linear multi-head self-attention (``"mhsa"``), squared loss.
 
     Targets (N, n, c) are per token; (N,) and (N, c) are per sequence (mean-pooled output). New X
@@ -288,7 +321,7 @@ class MHSARegressor(_Regressor):
         self.beta, self.beta_frac, self.solver, self.tol, self.refine = beta, beta_frac, solver, tol, refine
 
 
-class MHSAClassifier(_Classifier):
+class MHSAClassifier(ConvexClassifier):
     __doc__ = """Nuclear-norm program of linear multi-head self-attention (``"mhsa"``), logistic or
     cross-entropy loss on the mean-pooled output.
 
@@ -304,13 +337,30 @@ class MHSAClassifier(_Classifier):
             loss, beta, beta_frac, solver, tol, refine
 
 
+class _GatedRegressor(ConvexRegressor):
+    """A regressor of one gated family (``_programs``): its parameters are the gates', not ``program``."""
+
+    def __init__(self, gates=8, gate_seed=0, beta=None, beta_frac=None, solver="auto", tol=1e-6, refine="auto"):
+        self.gates, self.gate_seed, self.beta, self.beta_frac = gates, gate_seed, beta, beta_frac
+        self.solver, self.tol, self.refine = solver, tol, refine
+
+
+class _GatedClassifier(ConvexClassifier):
+    """A classifier of one gated family (``_programs``): its parameters are the gates', not ``program``."""
+
+    def __init__(self, loss="cross_entropy", gates=8, gate_seed=0, beta=None, beta_frac=None, solver="auto",
+                 tol=1e-6, refine="auto"):
+        self.loss, self.gates, self.gate_seed, self.beta, self.beta_frac = loss, gates, gate_seed, beta, beta_frac
+        self.solver, self.tol, self.refine = solver, tol, refine
+
+
 _GATE_MATRICES = """\
     gates : int >= 1, number P of gate matrices H (P, d, d), sampled in ``fit``
     gate_seed : int, seed of the gate matrices
 """
 
 
-class GatedMHSARegressor(_Regressor):
+class GatedMHSARegressor(_GatedRegressor):
     __doc__ = """Gated-ReLU multi-head self-attention program (``"gated_mhsa"``: a nuclear norm per gate), squared loss.
 
     Targets (N, n, c) are per token; (N,) and (N, c) are per sequence (mean-pooled output). New X
@@ -321,12 +371,8 @@ class GatedMHSARegressor(_Regressor):
 """ + _GATE_MATRICES + _PARAMETERS + _ATTRIBUTES
     _programs = ("gated_mhsa",)
 
-    def __init__(self, gates=8, gate_seed=0, beta=None, beta_frac=None, solver="auto", tol=1e-6, refine="auto"):
-        self.gates, self.gate_seed, self.beta, self.beta_frac = gates, gate_seed, beta, beta_frac
-        self.solver, self.tol, self.refine = solver, tol, refine
 
-
-class GatedMHSAClassifier(_Classifier):
+class GatedMHSAClassifier(_GatedClassifier):
     __doc__ = """Gated-ReLU multi-head self-attention program (``"gated_mhsa"``), logistic or cross-entropy
     loss on the mean-pooled output.
 
@@ -337,10 +383,35 @@ class GatedMHSAClassifier(_Classifier):
 """
     _programs = ("gated_mhsa",)
 
-    def __init__(self, loss="cross_entropy", gates=8, gate_seed=0, beta=None, beta_frac=None, solver="auto",
-                 tol=1e-6, refine="auto"):
-        self.loss, self.gates, self.gate_seed, self.beta, self.beta_frac = loss, gates, gate_seed, beta, beta_frac
-        self.solver, self.tol, self.refine = solver, tol, refine
+
+_GATE_VECTORS = """\
+    gates : int >= 1, number P of token gate vectors G (P, n), sampled in ``fit``
+    gate_seed : int, seed of the gate vectors
+"""
+
+
+class MixerRegressor(_GatedRegressor):
+    __doc__ = """Gated-ReLU token-mixing program (``"mixer"``, the MLP-Mixer layer: a nuclear norm per gate),
+    squared loss.
+
+    Targets (N, n_out, d) are per channel; (N,) and (N, c) are pooled outputs (docs/mixer.md).
+
+    Parameters
+    ----------
+""" + _GATE_VECTORS + _PARAMETERS + _ATTRIBUTES
+    _programs = ("mixer",)
+
+
+class MixerClassifier(_GatedClassifier):
+    __doc__ = """Gated-ReLU token-mixing program (``"mixer"``), logistic or cross-entropy loss on the pooled
+    output.
+
+    Parameters
+    ----------
+    loss : {"cross_entropy", "logistic"} (logistic: two classes)
+""" + _GATE_VECTORS + _PARAMETERS + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
+"""
+    _programs = ("mixer",)
 
 
 class TokenStandardScaler(TransformerMixin, BaseEstimator):

@@ -17,35 +17,18 @@ import numpy as np
 
 from .core.certificate import dual_feasible_point, relative_gap, scaled_residual
 from .core.problem import make_problem
+from .core.registry import families
+from .core.regularizers import GroupLasso
 
-# Every (program, loss, target kind) that docs/conventions.md allows, on small random instances (for
-# "gated_mhsa" and "mixer" each loss once, to keep the grids fast: their pooled squared cases are in
-# tests/test_gated_mhsa.py and tests/test_mixer.py).
-CASES = [
-    (8, "squared", "scalar"),
-    (8, "logistic", "binary"),
-    (10, "squared", "vector"),
-    (10, "squared", "sequence"),
-    (10, "cross_entropy", "classes"),
-    (10, "logistic", "binary"),
-    (12, "squared", "vector"),
-    (12, "cross_entropy", "classes"),
-    (12, "logistic", "binary"),
-    ("mhsa", "squared", "sequence"),
-    ("mhsa", "squared", "vector"),
-    ("mhsa", "cross_entropy", "classes"),
-    ("mhsa", "logistic", "binary"),
-    ("gated_mhsa", "squared", "sequence"),
-    ("gated_mhsa", "cross_entropy", "classes"),
-    ("gated_mhsa", "logistic", "binary"),
-    ("mixer", "squared", "channels"),
-    ("mixer", "cross_entropy", "classes"),
-    ("mixer", "logistic", "binary"),
-]
-GROUP_LASSO_CASES = [c for c in CASES if c[0] in (8, 10, 12)]
-MHSA_CASES = [c for c in CASES if c[0] == "mhsa"]
-GATED_MHSA_CASES = [c for c in CASES if c[0] == "gated_mhsa"]
-MIXER_CASES = [c for c in CASES if c[0] == "mixer"]
+# Every (program, loss, target kind) that docs/conventions.md allows, on small random instances: the cases each
+# family declares (its register call's ``cases``), in the registry's order.
+CASES = [(name, loss, kind) for name, fam in families().items() for loss, kind in fam.cases]
+GROUP_LASSO_CASES = [c for c in CASES if families()[c[0]].program.regularizer_class is GroupLasso]
+
+
+def cases_of(name):
+    """The cases of one family."""
+    return [c for c in CASES if c[0] == name]
 
 
 def case_id(case):

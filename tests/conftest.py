@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cvxtransformer.testing import (CASES, GATED_MHSA_CASES, GROUP_LASSO_CASES, MHSA_CASES,  # noqa: F401
-                                   case_id, random_problem, random_targets)
+from cvxtransformer.testing import (CASES, GROUP_LASSO_CASES, case_id, cases_of, random_problem,  # noqa: F401
+                                   random_targets)
+
+MHSA_CASES, GATED_MHSA_CASES, MIXER_CASES = cases_of("mhsa"), cases_of("gated_mhsa"), cases_of("mixer")
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -126,3 +126,77 @@ def test_generic_code_reads_the_family():
     for name, fam in registry.families().items():  # the label a family reports is its programs'
         y = X[:, 0, 0] if name == 8 else X[:, 0, :1]
         assert ct.make_problem(X, y, program=name, gates=2, beta=1.0).program.label == fam.label
+
+
+def test_the_static_list_of_built_in_families_is_what_their_modules_register():
+    # the command line's help reads registry.MODULES without importing the modules; each module registers
+    # exactly the names listed for it
+    import importlib
+    import sys
+    for module, names in registry.MODULES.items():
+        assert module in sys.modules or importlib.import_module(module)
+        assert {n for n, f in registry.families().items() if f.program.__module__ == module
+                or f.reduction.__module__ == module} == set(names)
+    assert set(registry.builtin_names()) == set(registry.families())
+    from cvxtransformer.cli.options import PROGRAMS
+    assert PROGRAMS == tuple(str(n) for n in registry.builtin_names())
+
+
+def test_gate_arrays_are_declared_by_the_families(monkeypatch):
+    assert registry.gate_arrays() == {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices",
+                                      "G": "gate vectors"}
+    X = np.random.default_rng(0).standard_normal((8, 3, 2))
+    with pytest.raises(InvalidInputError, match=r"^Q: expected the gate arrays of a program family \(U1, U2, H, G"):
+        ct.make_problem(X, X[:, 0, :1], program=12, beta=1.0, Q=np.ones((2, 3)))
+    with pytest.raises(InvalidInputError, match=r"^H: expected no gate matrices for program \(12\).*'gated_mhsa'"):
+        ct.make_problem(X, X[:, 0, :1], program=12, beta=1.0, H=np.ones((2, 2, 2)))
+    # a family declares a new gate array on its program class; make_problem passes it by name
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    seen = {}
+
+    class Toy(AttentionProgram):
+        gate_array_kinds = {"W": "toy gates"}
+
+        @classmethod
+        def build(cls, name, X, y, T, W=None, gates=None, gate_seed=0):
+            seen["W"] = W
+            return AttentionProgram.build(10, X, y, T)
+
+    with pytest.raises(InvalidInputError, match=r"^options: expected .*gate_array_kinds declares \(W\), got V"):
+        registry.register("toy", Toy, Proposition1, ("squared",), ("V",))
+    registry.register("toy", Toy, Proposition1, ("squared",), ("W",))
+    assert registry.families()["toy"].gate_arrays == ("W",) and registry.gate_arrays()["W"] == "toy gates"
+    ct.make_problem(X, X[:, 0, :1], program="toy", beta=1.0, W=np.arange(3.0))
+    np.testing.assert_array_equal(seen["W"], np.arange(3.0))
+
+
+def test_compare_models_and_colours_come_from_the_families_declarations():
+    from cvxtransformer.comparison.models import DEFAULT_MODELS, MODELS, _imported
+    from cvxtransformer.comparison.plots import COLORS
+
+    declared = {m: (name, spec) for name, fam in registry.families().items()
+                for m, spec in fam.reduction.models.items()}
+    assert set(declared) - {"softmax"} == set(MODELS) - {"alternative", "gated", "softmax", "convex"}
+    for model, (name, spec) in declared.items():
+        assert name in MODELS[model].programs
+        if spec:
+            row = MODELS[model]
+            assert row.equation == spec["equation"] and COLORS[model] == spec["colour"]
+            assert (row.bounding is not None) == spec.get("bounded", True)
+            assert row.build.func is _imported and row.build.args == (spec["build"],)
+            assert (model in DEFAULT_MODELS[name]) == bool(spec.get("default"))
+    X = np.random.default_rng(0).standard_normal((6, 3, 2))
+    P = ct.make_problem(X, X[:, :1, :], program="mixer", beta=1.0, gates=2)
+    net = MODELS["mixer"].build(P, 3, False, 0)  # the builder named by the family, imported when called
+    assert type(net).__name__ == "GatedMixer"
+
+
+def test_testing_cases_are_the_families_declared_cases(monkeypatch):
+    from cvxtransformer import testing
+
+    assert testing.CASES == [(n, loss, kind) for n, f in registry.families().items() for loss, kind in f.cases]
+    assert {c[0] for c in testing.CASES} == set(registry.families())  # every built-in family has cases
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    with pytest.raises(InvalidInputError, match=r"^cases: expected .* a loss of \('squared',\), got \('logistic'"):
+        registry.register("toy", AttentionProgram, Proposition1, ("squared",), cases=(("logistic", "binary"),))
+    assert "toy" not in registry.families()

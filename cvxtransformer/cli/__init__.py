@@ -23,8 +23,8 @@ from . import bert_data, compare, convex, energy
 
 COMMANDS = {
     "solve": (convex.configure_solve, convex.run_solve,
-              "solve a convex program (group lasso (8)/(10)/(12), nuclear norm 'mhsa' or 'gated_mhsa') "
-              "and print its certificate"),
+              "solve a convex program (group lasso (8)/(10)/(12), or a nuclear-norm family) and print its "
+              "certificate"),
     "verify": (convex.configure_verify, convex.run_verify, "certify a given solution Z, from any solver"),
     "demo": (convex.configure_demo, convex.run_demo,
              "the built-in default: solve and certify program (10) on student-teacher data, then train network (9)"),

@@ -79,10 +79,10 @@ def configure(p):
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0 (shared by every model)")
     beta.add_argument("--beta-frac", type=positive_float, metavar="F", help="beta = F * beta_max of --program on DATA")
     p.add_argument("--models", default=None, metavar="M1,M2",
-                   help="comma-separated from alternative, gated, softmax, linear_mhsa, gated_mhsa, relu_mhsa, mixer, "
-                        "relu_mixer, convex (default: alternative,softmax; gated,softmax for --program 12; linear_mhsa "
-                        "for --program mhsa; gated_mhsa,relu_mhsa for --program gated_mhsa; mixer,relu_mixer for "
-                        "--program mixer; with --tune, convex is added for 8/10/12)")
+                   help="comma-separated names of models that join --program: alternative, gated, softmax, convex "
+                        "for 8/10/12, the networks each other family declares (cvxtransformer.comparison.MODELS); "
+                        "default: alternative,softmax; gated,softmax for --program 12; the family's own for the "
+                        "others; with --tune, convex is added for 8/10/12")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="the networks' optimiser")
     p.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate (default 0.01; objectives are sums over samples, so SGD needs about 1/(N L))")
@@ -93,8 +93,8 @@ def configure(p):
                         "bounding program for (9)/(11), enough for any convex solution; for (5) and the MHSA "
                         "networks, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates))")
     p.add_argument("--gates", type=positive_int, default=8, metavar="H",
-                   help="gates: h of program (12) and network (11) when DATA has no U1, U2; P of gated_mhsa when "
-                        "DATA has no H")
+                   help="gates sampled when DATA has none of the program's gate arrays: h of program (12) and "
+                        "network (11), P of a family with P gates")
     p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates")
     p.add_argument("--classes", type=positive_int, default=None, help="number of classes (cross-entropy only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisations and mini-batches")
@@ -144,6 +144,7 @@ def prepare(args):
     from ..comparison.models import check_heads, check_models
     from ..core.errors import InvalidInputError
     from ..core.io import load_npz
+    from ..core.registry import gate_arrays
     from .options import encode_labels, make_problem_from
 
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
@@ -163,8 +164,8 @@ def prepare(args):
     for split in ("test", "val"):
         if f"y_{split}" in data and classes is not None:
             data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
-    problem = make_problem_from(args, data["X"], y, U1, U2, H=data.get("H"), G=data.get("G"),
-                                tuned=grid is not None)
+    problem = make_problem_from(args, data["X"], y, tuned=grid is not None,
+                                **{k: data[k] for k in gate_arrays() if k in data})
     return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
                 tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,

@@ -1,5 +1,5 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
-from ..core.registry import GATE_ARRAYS, family
+from ..core.registry import family, gate_arrays
 from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
                       positive_int, tolerance)
 
@@ -87,9 +87,9 @@ def _refine_arguments(p):
 
 
 # ----------------------------------------------------------------------------- solve
-DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally U1 (h, n) and U2 (h, d) (program 12) or H (P, d, d) "
-             "(gated_mhsa); or a folder with X.npy, y.npy (optionally U1.npy, U2.npy, H.npy), memory-mapped: X is "
-             "read in chunks, never whole")
+DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally the program's gate arrays (U1 (h, n) and U2 (h, d) of "
+             "program 12, H (P, d, d), G (P, n)); or a folder with X.npy, y.npy (optionally the gate arrays as "
+             "U1.npy, ...), memory-mapped: X is read in chunks, never whole")
 
 
 def configure_solve(p):
@@ -103,7 +103,8 @@ def configure_solve(p):
                         "clarabel for a small problem, fista otherwise (the output says which and why)")
     p.add_argument("--formulation", choices=("auto", "compressed", "factored", "direct"), default="auto",
                    help="how clarabel and scs get the program: auto (the squared loss compressed to the size of Z "
-                        "whatever N; mhsa's factored map where smaller), or forced; direct is the dense design")
+                        "whatever N; a factored map where the program has one and it is smaller), or forced; direct is "
+                        "the dense design")
     p.add_argument("--out", metavar="RESULT.npz",
                    help="write Z, V, beta (and the gates U1, U2 or H) here, with the data's SHA-256 fingerprint")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
@@ -285,7 +286,7 @@ def run_verify(args):
     X, y = data.rows()
     gates = _gates(args, data, res, fingerprint is None)
     y, classes = encode_labels(y, args.loss, res.get("classes"))
-    problem = make_problem_from(args, X, y, **{**data.gates, **{k: res[k] for k in GATE_ARRAYS if k in res}})
+    problem = make_problem_from(args, X, y, **{**data.gates, **{k: res[k] for k in gate_arrays() if k in res}})
     if np.shape(res["Z"]) != problem.program.shape:
         raise InvalidInputError(f"RESULT: Z has shape {np.shape(res['Z'])}, {problem.program.label} on this data "
                                 f"needs {problem.program.shape}; check --program, --gates and DATA")

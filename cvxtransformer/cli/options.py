@@ -1,12 +1,13 @@
 """Options shared by the commands, with argparse types that check values while parsing (a bad
-value is a one-line usage error, exit code 2). Standard library only."""
+value is a one-line usage error, exit code 2). Standard library only (and the registry's static list of
+the built-in families' names, which imports nothing)."""
 import argparse
 import math
 
-PROGRAM_HELP = ("8: attention-only, scalar output; 10: attention-only, c outputs; 12: attention + gated-ReLU "
-                "FCN (group lasso); mhsa: linear multi-head self-attention (nuclear norm); gated_mhsa: gated-ReLU "
-                "multi-head self-attention (a nuclear norm per gate)")
-PROGRAMS = ("8", "10", "12", "mhsa", "gated_mhsa", "mixer")
+from ..core.registry import builtin_names
+
+PROGRAM_HELP = "; ".join(f"{name}: {line}" for name, line in builtin_names().items())
+PROGRAMS = tuple(map(str, builtin_names()))
 LOSS_HELP = ("squared (real targets), logistic (labels in {-1, +1}) or cross_entropy (labels in [0, c)); "
              "summed over samples")
 
@@ -66,10 +67,9 @@ def add_problem_arguments(p, program_help=PROGRAM_HELP):
     beta.add_argument("--beta-frac", type=positive_float, metavar="F",
                       help="beta = F * beta_max of the data (0 < F < 1 gives a nonzero solution)")
     p.add_argument("--gates", type=positive_int, default=8,
-                   help="number of gates: h of program (12) when DATA has no U1, U2; P of gated_mhsa when DATA has "
-                        "no H; P of mixer when DATA has no G")
-    p.add_argument("--gate-seed", type=seed, default=0,
-                   help="seed of the sampled gates of program (12), gated_mhsa or mixer")
+                   help="number of gates sampled for a program with gates when DATA has none of its gate arrays "
+                        "(h of program (12), P of the others)")
+    p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates of a program with gates")
     p.add_argument("--classes", type=positive_int, default=None,
                    help="number of classes c, cross-entropy only (default: max(y) + 1)")
     p.add_argument("--tol", type=tolerance, default=1e-6,
@@ -80,9 +80,9 @@ def add_problem_arguments(p, program_help=PROGRAM_HELP):
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None, tuned=False, **gates):
-    """The problem of the parsed options on (X, y); validates option combinations first. Gates (``U1``,
-    ``U2``, ``H``, ``G``, e.g. from DATA) are passed on to the programs that take them. ``tuned``: every beta
+def make_problem_from(args, X, y, program=None, tuned=False, **gates):
+    """The problem of the parsed options on (X, y); validates option combinations first. Gate arrays by
+    name (e.g. from DATA) are passed on to the programs that take them (the others are left out). ``tuned``: every beta
     comes from a grid (``compare --tune``), which sets it on this problem; built at beta = 1 meanwhile."""
     from ..core.errors import InvalidInputError
     from ..core.problem import make_problem
@@ -92,7 +92,7 @@ def make_problem_from(args, X, y, U1=None, U2=None, program=None, H=None, tuned=
     if args.classes is not None and args.loss != "cross_entropy":
         raise InvalidInputError(f"--classes: only for --loss cross_entropy, got --loss {args.loss}; leave it out")
     taken = family(program).options
-    gates = {k: v for k, v in dict(U1=U1, U2=U2, H=H, **gates).items() if k in taken}
+    gates = {k: v for k, v in gates.items() if k in taken}
     beta, beta_frac = (1.0, None) if tuned else (args.beta, args.beta_frac)
     return make_problem(X, y, program=program, loss=args.loss, beta=beta, beta_frac=beta_frac,
                         gates=args.gates, gate_seed=args.gate_seed, n_classes=args.classes, **gates)

@@ -16,7 +16,9 @@ Example
 >>> MODELS["softmax"].bounding is None, MODELS["gated"].equation
 (True, '(11)')
 """
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Optional
 
 from ..core.errors import invalid
@@ -102,13 +104,6 @@ def _softmax(problem, heads, sequence, seed):
     return SoftmaxAttention(n, d, problem.T.shape[1], sequence=sequence, seed=seed)
 
 
-def _linear_mhsa(problem, heads, sequence, seed):
-    from ..nn.networks import LinearMHSA
-
-    N, n, d = problem.program.X.shape
-    return LinearMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
-
-
 class GatedHeads(int):
     """A head count that carries each head's gate (``gate``, ints (m,)), for the gated MHSA network."""
 
@@ -130,36 +125,6 @@ def _per_gate_ranks(problem, solution):
     fewer = ranks - (np.arange(len(ranks)) == np.argmax(ranks))
     counts = ([fewer] if fewer.sum() else []) + [ranks, 2 * ranks]
     return [GatedHeads(np.repeat(np.arange(len(ranks)), c)) for c in counts]
-
-
-def _gated_mhsa(problem, heads, sequence, seed):
-    from ..nn.networks import GatedMHSA
-
-    p = problem.program
-    return GatedMHSA(p.n, p.d, problem.T.shape[1], heads, p.H, gate=getattr(heads, "gate", None),
-                     pooled=not sequence, seed=seed)
-
-
-def _relu_mhsa(problem, heads, sequence, seed):
-    from ..nn.networks import ReluMHSA
-
-    N, n, d = problem.program.X.shape
-    return ReluMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
-
-
-def _mixer(problem, heads, sequence, seed):
-    from ..nn.mixer import GatedMixer
-
-    p = problem.program  # per channel or pooled as the program is (``sequence`` is about tokens)
-    return GatedMixer(p.n, p.d, problem.T.shape[1], heads, p.G, gate=getattr(heads, "gate", None), pooled=p.pooled,
-                      seed=seed)
-
-
-def _relu_mixer(problem, heads, sequence, seed):
-    from ..nn.mixer import ReluMixer
-
-    p = problem.program
-    return ReluMixer(p.n, p.d, problem.T.shape[1], heads, pooled=p.pooled, seed=seed)
 
 
 def _convex(problem, heads, sequence, seed):
@@ -185,6 +150,7 @@ class Model:
         certified ``solution``); None: the model has no head count (one run)
     note : for a model no program bounds, what its comparison with the optimum means (None: the
         default note of softmax attention, whose regulariser is not the convex one)
+    colour : its colour in the plots (matplotlib's; None: the default cycle)
     """
 
     equation: Optional[str]
@@ -193,28 +159,45 @@ class Model:
     build: Callable
     default_heads: Optional[Callable] = None
     note: Optional[str] = None
+    colour: Optional[str] = None
 
 
+def _imported(path, *args):
+    """Call the function ``"module:name"`` (a family's network builder, imported when first used)."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)(*args)
+
+
+HEAD_RULES = {"groups": _groups, "around_rank": _around_rank, "per_gate_ranks": _per_gate_ranks}
+
+# the comparison's own models: the networks of Proposition 1 (Ergen et al.) against programs (8)/(10)/(12)
 MODELS = {
-    "alternative": Model("(9)", ATTENTION_PROGRAMS, _program_10, _alternative, _groups),
-    "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, _gated, _groups),
-    "softmax": Model("(3)", ATTENTION_PROGRAMS + ("mhsa",), None, _softmax),
-    "linear_mhsa": Model("(5)", ("mhsa",), _itself, _linear_mhsa, _around_rank),
-    "gated_mhsa": Model("(gated MHSA)", ("gated_mhsa",), _itself, _gated_mhsa, _per_gate_ranks),
-    "relu_mhsa": Model("(ReLU MHSA)", ("gated_mhsa",), None, _relu_mhsa, _around_rank,
-                       note="the ReLU network has the gated network's heads and weight decay, but masks that move "
-                            "with W1: the gated program's optimum is no bound for it, and objective - convex optimum "
-                            "< 0 means it does better than any network on these fixed gates"),
-    "mixer": Model("(gated token mixing)", ("mixer",), _itself, _mixer, _per_gate_ranks),
-    "relu_mixer": Model("(ReLU token mixing)", ("mixer",), None, _relu_mixer, _around_rank,
-                        note="the ReLU token-mixing MLP has the gated network's units and weight decay, but each unit "
-                             "is gated by its own sign: the program's optimum is no bound for it, and objective - "
-                             "convex optimum < 0 means it does better than any network on these fixed gates"),
-    "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex),
+    "alternative": Model("(9)", ATTENTION_PROGRAMS, _program_10, _alternative, _groups, colour="tab:orange"),
+    "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, _gated, _groups, colour="tab:red"),
+    "softmax": Model("(3)", ATTENTION_PROGRAMS, None, _softmax, colour="tab:purple"),
+    "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex, colour="tab:cyan"),
 }
-DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax"),
-                  "mhsa": ("linear_mhsa",), "gated_mhsa": ("gated_mhsa", "relu_mhsa"),
-                  "mixer": ("mixer", "relu_mixer")}
+DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax")}
+
+
+def _add_family_models():
+    """The models the other families declare (their reduction's ``models``, :class:`~..core.reductions.Reduction`)."""
+    from ..core.registry import families
+
+    for name, fam in families().items():
+        for model, spec in fam.reduction.models.items():
+            if not spec:  # joins a model of the comparison to this program
+                MODELS[model] = replace(MODELS[model], programs=MODELS[model].programs + (name,))
+                continue
+            programs = (MODELS[model].programs if model in MODELS else ()) + (name,)
+            MODELS[model] = Model(spec["equation"], programs, _itself if spec.get("bounded", True) else None,
+                                  partial(_imported, spec["build"]), HEAD_RULES[spec["heads"]], spec.get("note"),
+                                  spec.get("colour"))
+        if name not in DEFAULT_MODELS:
+            DEFAULT_MODELS[name] = tuple(m for m, spec in fam.reduction.models.items() if spec.get("default"))
+
+
+_add_family_models()
 
 
 def equation(model, program):

@@ -10,8 +10,7 @@
 * :func:`plot_tuning`: validation loss over the tuning grid of ``compare --tune``;
 * :func:`attention_distance`: how far an attention map is from the teacher's.
 
-Colours follow the model (``alternative``, ``gated``, ``softmax``, ``linear_mhsa``, ``gated_mhsa``,
-``relu_mhsa``, ``convex``).
+Colours follow the model (each row of :data:`.models.MODELS` names its colour).
 Attention maps are arrays of shape (rows, n): row r is the weight of every input token k in output
 r. :func:`convex_attention_map` makes one from a convex solution: the group norms
 ``||Z[j, l, k]||`` summed over the gates j, one row per output l, or per output token t (the
@@ -23,17 +22,14 @@ figure (saved and closed), whose axes and lines can be read.
 import numpy as np
 
 from ..core.io import save_figure
-from .models import equation
+from .models import MODELS, equation
 
-COLORS = {"alternative": "tab:orange", "gated": "tab:red", "softmax": "tab:purple", "linear_mhsa": "tab:blue",
-          "convex": "tab:cyan", "gated_mhsa": "tab:blue", "relu_mhsa": "tab:brown",
-          "mixer": "tab:blue", "relu_mixer": "tab:brown"}
+COLORS = {name: model.colour for name, model in MODELS.items()}
 ATTENTION_COLUMNS = 4  # panels per row of attention.png
 # the networks of singular_values.png, one colour each (green is the convex solution's)
 NETWORK_CYCLE = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
                  "tab:olive", "tab:cyan")
-CONVEX_COLORS = {8: "tab:green", 10: "tab:green", 12: "tab:olive", "mhsa": "tab:green", "gated_mhsa": "tab:green",
-                 "mixer": "tab:green"}
+CONVEX_COLORS = {12: "tab:olive"}  # others: tab:green
 
 
 def convex_attention_map(Z4, n_out_tokens=None):

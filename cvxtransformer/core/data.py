@@ -34,7 +34,7 @@ from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
 from .fingerprint import fingerprint_rows
 from .io import check_regular_file, load_npz, record_input, why_unreadable
-from .registry import GATE_ARRAYS
+from .registry import gate_arrays
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
 
@@ -209,7 +209,7 @@ def open_data(paths, role="DATA"):
             if data[name].ndim == 0:  # rows are sliced from it before make_problem checks values
                 raise InvalidInputError(f"{role}: {name} in {os.fspath(paths[0])!r} is one number (a 0-d array); "
                                         f"expected one row per sample, shape (N, ...): save {name} as an array")
-        out = DataSet([(data["X"], data["y"])], in_memory=True, **{k: data.get(k) for k in GATE_ARRAYS})
+        out = DataSet([(data["X"], data["y"])], in_memory=True, **{k: data.get(k) for k in gate_arrays()})
         out.sources = [os.fspath(paths[0])]
         return out
     parts, gates = [], {}
@@ -227,7 +227,7 @@ def open_data(paths, role="DATA"):
         if parts and (X.shape[1:] != parts[0][0].shape[1:] or y.shape[1:] != parts[0][1].shape[1:]):
             raise InvalidInputError(f"{where}: shards differ in shape: X {X.shape}, y {y.shape} against X "
                                     f"{parts[0][0].shape}, y {parts[0][1].shape} in the first shard")
-        for name in GATE_ARRAYS:
+        for name in gate_arrays():
             path = os.path.join(folder, name + ".npy")
             if os.path.isfile(path):
                 U = np.array(_npy(path, role, name), dtype=float)

@@ -103,6 +103,7 @@ class GatedMHSAProgram(LinearMHSAProgram):
     name = "gated_mhsa"
     label = "gated-ReLU MHSA program"
     support_label = "rank, summed over the gates"
+    gate_array_kinds = {"H": "gate matrices"}
 
     @classmethod
     def build(cls, name, X, y, T, H=None, gates=None, gate_seed=0):

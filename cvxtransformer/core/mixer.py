@@ -190,6 +190,7 @@ class MixerProgram(Program):
     label = "gated-ReLU token-mixing program (MLP-Mixer)"
     regularizer_class = NuclearNorm
     support_label = "rank, summed over the gates"
+    gate_array_kinds = {"G": "gate vectors"}
 
     @classmethod
     def check_target_shape(cls, X, y):
@@ -345,6 +346,16 @@ class MixerReduction(Reduction):
 
     networks = {"mixer": "mixer"}
     equations = {"mixer": "(gated token mixing)"}
+    models = {  # compare's models (Reduction.models)
+        "mixer": dict(equation="(gated token mixing)", build="cvxtransformer.nn.mixer:gated_model",
+                      heads="per_gate_ranks", default=True, colour="tab:blue"),
+        "relu_mixer": dict(equation="(ReLU token mixing)", build="cvxtransformer.nn.mixer:relu_model",
+                           heads="around_rank", bounded=False, default=True, colour="tab:brown",
+                           note="the ReLU token-mixing MLP has the gated network's units and weight decay, but each "
+                                "unit is gated by its own sign: the program's optimum is no bound for it, and "
+                                "objective - convex optimum < 0 means it does better than any network on these "
+                                "fixed gates"),
+    }
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
@@ -412,4 +423,5 @@ class MixerReduction(Reduction):
         return problem.loss.value(Yhat, problem.T) + penalty
 
 
-register("mixer", MixerProgram, MixerReduction, ("squared", "logistic", "cross_entropy"), ("G", "gates", "gate_seed"))
+register("mixer", MixerProgram, MixerReduction, ("squared", "logistic", "cross_entropy"), ("G", "gates", "gate_seed"),
+         cases=(("squared", "channels"), ("cross_entropy", "classes"), ("logistic", "binary")))  # testing.CASES

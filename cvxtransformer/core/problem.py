@@ -14,7 +14,8 @@ from .data import file_backed
 from .errors import invalid
 from .fingerprint import fingerprint
 from .losses import are_class_labels, encode_classes, get_loss
-from .registry import GATE_ARRAYS, families, family
+from .registry import families, family
+from .registry import gate_arrays as all_gate_arrays
 from .validation import check_array, check_beta, check_int, check_positive, check_scale
 
 
@@ -108,8 +109,8 @@ def parse_program(program):
     return family(program).name
 
 
-def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1=None, U2=None, gates=None,
-                 gate_seed=0, n_classes=None, H=None, G=None):
+def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, gates=None, gate_seed=0,
+                 n_classes=None, **gate_arrays):
     """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"``, the
     gated-ReLU MHSA program ``"gated_mhsa"`` or the gated token-mixing program ``"mixer"``.
 
@@ -128,13 +129,13 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
     beta_frac : float > 0, beta = beta_frac * beta_max of the data (``0 < beta_frac < 1`` gives a nonzero
         solution; losses are summed over samples, so beta grows with N and beta_frac does not).
         Exactly one of ``beta`` and ``beta_frac``
-    U1, U2 : gate vectors (h, n) and (h, d) of program (12); sampled from ``gates`` (default 8)
-        and ``gate_seed`` when not given
-    H : gate matrices (P, d, d) of ``"gated_mhsa"``; sampled from ``gates`` (default 8) and
-        ``gate_seed`` when not given
-    G : gate vectors (P, n) of the token-mixing program ``"mixer"`` (its targets per channel are
-        ``(N, n_out, d)``); sampled from ``gates`` (default 8) and ``gate_seed`` when not given
     n_classes : number of classes c for the cross-entropy loss (default ``max(y) + 1``)
+    gates, gate_seed : how many gates to sample (default 8), and numpy's seed, for a family with gates
+        whose gate arrays are not given
+    **gate_arrays : the gate arrays of the program's family, by name (its program class's
+        ``gate_array_kinds``): ``U1``, ``U2`` (gate vectors (h, n) and (h, d)) of program (12), ``H``
+        (gate matrices (P, d, d)) of ``"gated_mhsa"``, ``G`` (gate vectors (P, n)) of ``"mixer"`` (whose
+        targets per channel are ``(N, n_out, d)``); sampled from ``gates`` and ``gate_seed`` when not given
 
     Notes
     -----
@@ -185,15 +186,21 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, U1
     fam.program.check_targets(program, y_arr)
     T = loss.encode(y_arr, n_classes)  # new, or a view of y_arr
     T.flags.writeable = False
-    U1, U2, H, G = (np.array(a) if isinstance(a, np.ndarray) else a for a in (U1, U2, H, G))  # copies: the caller's
     gate_seed = check_int("gate_seed", gate_seed, 0)  # numpy's seeds: non-negative integers
-    options = dict(U1=U1, U2=U2, H=H, G=G, gates=gates, gate_seed=gate_seed)
-    refused = [k for k in GATE_ARRAYS if options[k] is not None and k not in fam.options]
+    known = all_gate_arrays()
+    unknown = [k for k in gate_arrays if k not in known]
+    if unknown:
+        raise invalid(", ".join(unknown), "the gate arrays of a program family (" + ", ".join(known) + ")",
+                      "an unknown argument of make_problem", "check its spelling")
+    gate_arrays = {k: a for k, a in gate_arrays.items() if a is not None}
+    refused = [k for k in gate_arrays if k not in fam.gate_arrays]
     if refused:
-        owner = next(f.name for f in families().values() if refused[0] in f.options)
-        raise invalid(", ".join(refused), f"no {GATE_ARRAYS[refused[0]]} for program ({program})",
-                      GATE_ARRAYS[refused[0]], f"leave them out, or use program {owner!r}")
-    prog = fam.program.build(program, X, y_arr, T, **{k: options[k] for k in fam.options})
+        owner = next(f.name for f in families().values() if refused[0] in f.gate_arrays)
+        raise invalid(", ".join(refused), f"no {known[refused[0]]} for program ({program})",
+                      known[refused[0]], f"leave them out, or use program {owner!r}")
+    options = {"gates": gates, "gate_seed": gate_seed,  # copies of the caller's arrays
+               **{k: np.array(a) if isinstance(a, np.ndarray) else a for k, a in gate_arrays.items()}}
+    prog = fam.program.build(program, X, y_arr, T, **{k: options[k] for k in fam.options if k in options})
     for gate in prog.gate_arrays().values():
         gate.flags.writeable = False
     problem = ConvexProblem(prog, loss, T, prog.regularizer_class(regularizer_beta), classes)

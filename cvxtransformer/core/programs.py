@@ -482,6 +482,7 @@ class Program:
     scalar_output = False  # one output per sample and targets of shape (N,): solve returns V of shape (N,)
     support_label = None  # what the support size counts, in the command line's certificate
     any_length = False  # on(X) takes sequences of any length n (the weights are shared over tokens)
+    gate_array_kinds = {}  # the gate arrays make_problem may pass to build(): name -> what they are
     shards = None  # the data shards of a distributed solve (cvxtransformer.solvers.distributed), set before any operator
 
     def __init__(self, X):
@@ -567,6 +568,7 @@ class AttentionProgram(Program):
 
     regularizer_class = GroupLasso
     support_label = "nonzero groups"
+    gate_array_kinds = {"U1": "gate vectors", "U2": "gate vectors"}  # program (12)'s
 
     @classmethod
     def build(cls, number, X, y, T, U1=None, U2=None, gates=None, gate_seed=0):

@@ -116,11 +116,21 @@ class Reduction:
     (Z -> the network's weights), ``coefficients`` (weights -> Z), ``objective`` (the network's
     objective at weights, in numpy). ``networks`` maps each network this reduction covers to its
     convex program; ``equations`` each program to the equation of the network it bounds; ``heads``
-    is the dataclass of the network's weights (what ``invert`` returns)."""
+    is the dataclass of the network's weights (what ``invert`` returns).
+
+    ``models``: the models that ``compare`` trains against the family's program (plain data, so the
+    core imports no network), name -> a dict with ``equation``, ``build`` (``"module:function"``, a
+    function ``(problem, heads, sequence, seed) -> network``, imported when called), ``heads`` (how
+    the default head counts are chosen: ``"around_rank"``, ``"per_gate_ranks"`` or ``"groups"``, see
+    :mod:`cvxtransformer.comparison.models`), ``bounded`` (whether the program's certificate bounds
+    it; default True), ``default`` (trained when the user names no models), ``colour`` (matplotlib's)
+    and ``note`` (for a model no program bounds); an empty dict joins a model of the comparison
+    itself (e.g. ``"softmax"``) to the family's program."""
 
     forms = ("balanced",)
     networks = {}
     equations = {}
+    models = {}
 
     @classmethod
     def check_form(cls, form, name="form"):
@@ -258,6 +268,9 @@ class LinearMHSAReduction(Reduction):
 
     networks = {"linear_mhsa": "mhsa"}
     equations = {"mhsa": "(5)"}
+    models = {"linear_mhsa": dict(equation="(5)", build="cvxtransformer.nn.networks:linear_mhsa_model",
+                                  heads="around_rank", default=True, colour="tab:blue"),
+              "softmax": {}}
 
     @staticmethod
     def coefficients(problem, heads):
@@ -351,6 +364,15 @@ class GatedMHSAReduction(Reduction):
 
     networks = {"gated_mhsa": "gated_mhsa"}
     equations = {"gated_mhsa": "(gated MHSA)"}
+    models = {
+        "gated_mhsa": dict(equation="(gated MHSA)", build="cvxtransformer.nn.networks:gated_mhsa_model",
+                           heads="per_gate_ranks", default=True, colour="tab:blue"),
+        "relu_mhsa": dict(equation="(ReLU MHSA)", build="cvxtransformer.nn.networks:relu_mhsa_model",
+                          heads="around_rank", bounded=False, default=True, colour="tab:brown",
+                          note="the ReLU network has the gated network's heads and weight decay, but masks that "
+                               "move with W1: the gated program's optimum is no bound for it, and objective - "
+                               "convex optimum < 0 means it does better than any network on these fixed gates"),
+    }
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
@@ -429,8 +451,15 @@ def nonconvex_objective(problem, weights):
 
 
 ALL_LOSSES = ("squared", "logistic", "cross_entropy")
-register(8, AttentionProgram, Proposition1, ("squared", "logistic"))
-register(10, AttentionProgram, Proposition1, ALL_LOSSES)
-register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"))
-register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES)
-register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"))
+# cases: the (loss, target kind) pairs of cvxtransformer.testing.CASES (for "gated_mhsa" each loss once, to keep
+# the grids fast: its pooled squared case is in tests/test_gated_mhsa.py)
+register(8, AttentionProgram, Proposition1, ("squared", "logistic"),
+         cases=(("squared", "scalar"), ("logistic", "binary")))
+register(10, AttentionProgram, Proposition1, ALL_LOSSES,
+         cases=(("squared", "vector"), ("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")))
+register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"),
+         cases=(("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")))
+register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES,
+         cases=(("squared", "sequence"), ("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")))
+register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"),
+         cases=(("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")))

@@ -21,10 +21,18 @@ from dataclasses import dataclass
 from .contracts import PROGRAM_FACES, REDUCTION_FACES, REGULARIZER_FACES, check_faces
 from .errors import invalid
 
-# importing these registers the built-in families
-MODULES = ("cvxtransformer.core.reductions", "cvxtransformer.core.mixer")
-# the gate arrays of make_problem
-GATE_ARRAYS = {"U1": "gate vectors", "U2": "gate vectors", "H": "gate matrices", "G": "gate vectors"}
+# importing each module registers the built-in families it names; the names and a line on each are listed
+# here too, so that the command line's help lists them without importing the modules (a test checks that
+# the modules register exactly these)
+MODULES = {
+    "cvxtransformer.core.reductions": {
+        8: "attention-only, scalar output", 10: "attention-only, c outputs",
+        12: "attention + gated-ReLU FCN (group lasso)", "mhsa": "linear multi-head self-attention (nuclear norm)",
+        "gated_mhsa": "gated-ReLU multi-head self-attention (a nuclear norm per gate)"},
+    "cvxtransformer.core.mixer": {"mixer": "gated-ReLU token mixing, the MLP-Mixer layer (a nuclear norm per gate)"},
+}
+# the options of make_problem that every family may take (besides its gate arrays)
+SHARED_OPTIONS = ("gates", "gate_seed")
 _FAMILIES = {}
 
 
@@ -37,7 +45,10 @@ class Family:
       makes it from validated data (y raw, T encoded by the loss)
     - ``reduction``: the :class:`~.reductions.Reduction` of its nonconvex network
     - ``losses``: names of the losses it allows
-    - ``options``: the options of ``make_problem`` that its builder takes
+    - ``options``: the options of ``make_problem`` that its builder takes: ``gates``, ``gate_seed`` and gate
+      arrays that the program class declares (``program.gate_array_kinds``: name -> description)
+    - ``cases``: its standard test cases, ``(loss, target kind)`` pairs (the kinds of
+      :func:`cvxtransformer.testing.random_targets`); ``testing.CASES`` is built from them
     """
 
     name: object
@@ -45,6 +56,7 @@ class Family:
     reduction: type
     losses: tuple
     options: tuple = ()
+    cases: tuple = ()
 
     @property
     def label(self):
@@ -54,18 +66,38 @@ class Family:
 
     @property
     def gate_arrays(self):
-        """The arrays of ``make_problem`` that fix this program's gates (``U1``, ``U2`` or ``H``; none)."""
-        return tuple(k for k in self.options if k in GATE_ARRAYS)
+        """The arrays of ``make_problem`` that fix this program's gates (e.g. ``U1``, ``U2``; none): its
+        options that its program class declares in ``gate_array_kinds``."""
+        return tuple(k for k in self.options if k in self.program.gate_array_kinds)
 
 
-def register(name, program, reduction, losses, options=()):
+def builtin_names():
+    """The built-in families' names and a line on each, without importing their modules (for the command
+    line's help)."""
+    return {name: line for names in MODULES.values() for name, line in names.items()}
+
+
+def gate_arrays():
+    """Every registered family's gate arrays: name -> what they are (e.g. ``{"U1": "gate vectors", ...}``)."""
+    return {k: f.program.gate_array_kinds[k] for f in families().values() for k in f.gate_arrays}
+
+
+def register(name, program, reduction, losses, options=(), cases=()):
     """Register a family under ``name`` (replacing any family of that name), once its program class,
     the program's regulariser and the reduction offer every face of the contract (:mod:`.contracts`);
     otherwise one error names the missing faces."""
     check_faces(f"register: program of family {name!r}", program, PROGRAM_FACES)
     check_faces(f"register: regularizer of family {name!r}", program.regularizer_class, REGULARIZER_FACES)
     check_faces(f"register: reduction of family {name!r}", reduction, REDUCTION_FACES)
-    _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options))
+    unknown = [k for k in options if k not in SHARED_OPTIONS and k not in program.gate_array_kinds]
+    if unknown:
+        raise invalid("options", f"options of make_problem: {', '.join(SHARED_OPTIONS)} or the gate arrays that "
+                      f"{program.__name__}.gate_array_kinds declares ({', '.join(program.gate_array_kinds) or 'none'})",
+                      ", ".join(unknown), f"declare them in {program.__name__}.gate_array_kinds")
+    bad = [case for case in cases if case[0] not in losses]
+    if bad:
+        raise invalid("cases", f"(loss, target kind) pairs with a loss of {tuple(losses)}", repr(bad[0]))
+    _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options), tuple(map(tuple, cases)))
 
 
 def families():

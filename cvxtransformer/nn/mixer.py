@@ -143,3 +143,17 @@ class GatedMixer(ReluMixer):
         (:meth:`cvxtransformer.core.mixer.MixerReduction.sum_units`)."""
         a = self.arrays()
         return MixerReduction.sum_units(a["w1"], a["w2"], a["gate"], self.G.shape[0])
+
+
+# compare's builders (named by MixerReduction.models); per channel or pooled as the program is
+def gated_model(problem, heads, sequence, seed):
+    """The gated token-mixing network on the gates of ``problem``'s program, for ``compare``."""
+    p = problem.program
+    return GatedMixer(p.n, p.d, problem.T.shape[1], heads, p.G, gate=getattr(heads, "gate", None), pooled=p.pooled,
+                      seed=seed)
+
+
+def relu_model(problem, heads, sequence, seed):
+    """The ReLU token-mixing MLP on the data of ``problem``, for ``compare``."""
+    p = problem.program
+    return ReluMixer(p.n, p.d, problem.T.shape[1], heads, pooled=p.pooled, seed=seed)

@@ -519,3 +519,25 @@ def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, 
     if model == "relu_mhsa":
         return ReluMHSA(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
     raise invalid("model", f"one of {MODELS}", repr(model))
+
+
+# ----------------------------------------------------------------------------- compare's builders
+# (named by the reductions' ``models``: cvxtransformer.core.reductions.Reduction)
+def linear_mhsa_model(problem, heads, sequence, seed):
+    """Network (5) on the data of ``problem`` for ``compare``."""
+    N, n, d = problem.program.X.shape
+    return LinearMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
+
+
+def gated_mhsa_model(problem, heads, sequence, seed):
+    """The gated MHSA network on the gates of ``problem``'s program, for ``compare`` (``heads`` may carry
+    each head's gate: ``heads.gate``)."""
+    p = problem.program
+    return GatedMHSA(p.n, p.d, problem.T.shape[1], heads, p.H, gate=getattr(heads, "gate", None),
+                     pooled=not sequence, seed=seed)
+
+
+def relu_mhsa_model(problem, heads, sequence, seed):
+    """The ReLU MHSA network on the data of ``problem``, for ``compare``."""
+    N, n, d = problem.program.X.shape
+    return ReluMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
