@@ -84,7 +84,7 @@ def f(v, spec=".3f"):
 
 def table(results):
     lines = ["| seed | program | β/β_max (val.) | val. loss | test loss | certified rel. gap | support size | "
-             "heads / units recovered | solve s | compare s | trained networks: test loss (certified rel. gap; m) |",
+             "heads / units recovered | solve s | compare s | networks: test loss (certified rel. gap; m; tuned β/β_max, lr) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for seed, res in results.items():
         for p in PROGRAMS:
@@ -94,7 +94,8 @@ def table(results):
                 continue
             c = r["convex"][p]
             gap = lambda m: f(m["relative_certified_gap"], ".1e") if m.get("bound_applies") else "no bound"  # noqa: E731
-            nets = "; ".join(f"{name} {f(m['test_loss'])} ({gap(m)}; m = {m['heads']})" for name, m in r["models"].items())
+            nets = "; ".join(f"{name} {f(m['test_loss'])} ({gap(m)}; m = {m['heads']}; β {m['beta_fraction']:g}, "
+                             f"lr {m['lr']:g})" for name, m in r["models"].items())
             lines.append(f"| {seed} | {p} | {c['beta_fraction']:g} | {f(c['validation_loss'])} | {f(c['test_loss'])} | "
                          f"{c['relative_gap']:.1e} | {c['support_size']} | {c['heads_recovered']} | "
                          f"{c['solve_seconds']:.2f} | {r['total_seconds']:.0f} | {nets} |")
