@@ -324,3 +324,12 @@ def test_gate_working_set_and_screening_are_safe():
     assert np.all((~mask).sum(axis=1) >= ranks)  # the proved rank bound of each gate holds at the optimum
     path = ct.solve_path(problem, n_betas=3, ratio=0.3, tol=1e-7)
     assert all(point.certified for point in path) and np.all(path[0].result.Z == 0)
+
+
+def test_a_billion_gates_are_refused_before_they_are_sampled():
+    """As for programs (12) and gated_mhsa: the sampled gates and the coefficients they need (G_g and four
+    copies of Z_g, 8 (n + 4 n n_out) bytes a gate) are checked against the memory before sampling."""
+    X = np.random.default_rng(0).standard_normal((10, 4, 3))
+    with pytest.raises(InvalidInputError, match=r"^gates: expected what fits in memory .* 1000000000 gates, whose "
+                                                r"arrays, masks and coefficients take about 149\.0 GiB"):
+        ct.make_problem(X, X[:, 0, 0], program="mixer", gates=10**9, beta=1.0)  # 8 (4 + 16) 1e9 B = 149.0 GiB

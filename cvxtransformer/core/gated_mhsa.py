@@ -32,9 +32,8 @@ import numpy as np
 import torch
 
 from .arrays import to_tensor
-from .errors import invalid
 from .mhsa import LinearMHSAProgram, MHSAOperator
-from .validation import check_array, check_gates_memory, check_int
+from .validation import check_gate_arrays, check_gates_memory, check_int
 
 
 def sample_gate_matrices(gates, d, seed=0):
@@ -116,12 +115,7 @@ class GatedMHSAProgram(LinearMHSAProgram):
             check_gates_memory(gates, 8 * (d * d + 4 * d ** 3 * c))
             H = sample_gate_matrices(gates, d, check_int("gate_seed", gate_seed))
         else:
-            H = check_array("H", H, 3, f"shape (P, {d}, {d}) (one d x d gate matrix per gate)", nonempty=False)
-            if H.shape[1:] != (d, d):
-                raise invalid("H", f"shape (P, {d}, {d}) for tokens of dimension d = {d}", f"shape {H.shape}")
-            if H.shape[0] == 0:
-                raise invalid("H", "at least one gate matrix (P >= 1)", f"shape {H.shape}",
-                              "pass gates=P to sample P gate matrices")
+            H = check_gate_arrays("H", H, (d, d), "gate matrix", f"tokens of dimension d = {d}")
         per_token = y.ndim == 3
         return cls(X, y.shape[2] if per_token else T.shape[1], not per_token, H)
 

@@ -44,7 +44,7 @@ from .programs import CHUNK_BYTES, Program, _SampleOperator
 from .reductions import Reduction
 from .registry import register
 from .regularizers import NuclearNorm
-from .validation import check_array, check_int
+from .validation import check_gate_arrays, check_gates_memory, check_int
 
 
 def sample_gate_vectors(gates, n, seed=0):
@@ -206,15 +206,12 @@ class MixerProgram(Program):
         from ``gates`` (default 8) and ``gate_seed``."""
         n = X.shape[1]
         if G is None:
-            G = sample_gate_vectors(check_int("gates", 8 if gates is None else gates, 1), n,
-                                    check_int("gate_seed", gate_seed))
+            gates = check_int("gates", 8 if gates is None else gates, 1)
+            n_out = y.shape[1] if y.ndim == 3 else T.shape[1]  # per gate: G_g, Z's slice (n_out x n) and 3 copies
+            check_gates_memory(gates, 8 * (n + 4 * n * n_out))
+            G = sample_gate_vectors(gates, n, check_int("gate_seed", gate_seed))
         else:
-            G = check_array("G", G, 2, f"shape (P, {n}) (one gate vector per gate)", nonempty=False)
-            if G.shape[1] != n:
-                raise invalid("G", f"shape (P, {n}) for sequences of n = {n} tokens", f"shape {G.shape}")
-            if G.shape[0] == 0:
-                raise invalid("G", "at least one gate vector (P >= 1)", f"shape {G.shape}",
-                              "pass gates=P to sample P gate vectors")
+            G = check_gate_arrays("G", G, (n,), "gate vector", f"sequences of n = {n} tokens")
         per_channel = y.ndim == 3
         return cls(X, y.shape[1] if per_channel else T.shape[1], not per_channel, G)
 

@@ -274,6 +274,18 @@ def check_gates_memory(gates, per_gate):
                      lambda room: f"use fewer gates (--gates); about {int(room // per_gate)} would fit")
 
 
+def check_gate_arrays(name, a, shape, what, fits):
+    """Gate arrays given by the user: one ``what`` (e.g. "gate vector") of ``shape`` per gate, at least one;
+    ``fits`` says what the shape fits (e.g. "sequences of n = 8 tokens")."""
+    dims = ", ".join(map(str, shape))
+    a = check_array(name, a, 1 + len(shape), f"shape (P, {dims}) (one {what} per gate)", nonempty=False)
+    if a.shape[1:] != tuple(shape):
+        raise invalid(name, f"shape (P, {dims}) for {fits}", f"shape {a.shape}")
+    if a.shape[0] == 0:
+        raise invalid(name, f"at least one {what} (P >= 1)", f"shape {a.shape}", f"pass gates=P to sample P {what}s")
+    return a
+
+
 def check_beta(beta, name="beta"):
     """The regularisation weight: a finite number > 0."""
     if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not math.isfinite(beta) or beta <= 0:
