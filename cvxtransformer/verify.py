@@ -194,9 +194,8 @@ def _weights(network):
         raise InvalidInputError(SOFTMAX)
     if hasattr(network, "to_weights") and hasattr(network, "objective"):
         return network.to_weights(), network
-    raise invalid("network", "AttentionHeads, MHSAHeads, GatedMHSAHeads, a dict of their arrays, or a network of "
-                  "cvxtransformer.nn.networks (alternative (9), gated (11), linear MHSA (5), gated MHSA)",
-                  type(network).__name__,
+    raise invalid("network", ", ".join(kind.__name__ for kind in kinds) + ", a dict of their arrays, or a network "
+                  "of cvxtransformer.nn (one with to_weights and objective)", type(network).__name__,
                   "map your own module's parameters to the heads (see certify_network)")
 
 

@@ -71,11 +71,13 @@ def dual_feasible_point(problem, V, G=None):
     """A dual-feasible point from any candidate ``V`` of shape (N, n_outputs).
 
     ``V`` is projected onto the loss's dual domain, then scaled by ``min(1, beta / dual_norm(A^T V))``
-    (scaling toward 0 stays in the domain of all three losses). ``G``: ``A^T V`` when already known
-    for the projected point. Returns ``(V_feasible, s)``.
+    (scaling toward 0 stays in the domain of all three losses). ``G``: ``A^T V`` of a ``V`` already
+    projected (:func:`checked_dual`), which is then only scaled. Returns ``(V_feasible, s)``.
     """
-    V = problem.loss.project_dual_domain(np.asarray(V, dtype=float), problem.T)
-    worst = problem.regularizer.dual_norm(problem.program.adjoint(V) if G is None else G)
+    if G is None:
+        V = problem.loss.project_dual_domain(np.asarray(V, dtype=float), problem.T)
+        G = problem.program.adjoint(V)
+    worst = problem.regularizer.dual_norm(G)
     s = min(1.0, problem.beta / worst) if worst > 0 else 1.0
     return V * s, s
 
