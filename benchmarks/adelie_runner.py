@@ -2,12 +2,15 @@
 
     benchmarks/.adelie-venv/bin/python benchmarks/adelie_runner.py JOB.npz OUT.npz
 
-JOB.npz holds ``D`` (N, p) (the design of program (8) or (12): X reshaped (N, h*n*d), groups of ``d``
-consecutive columns), ``y`` (N,), ``loss`` ("squared" or "logistic"), ``beta``, ``beta_max``, ``d``,
+JOB.npz holds ``D`` (N, p) (the design of program (8), (10) or (12): X reshaped (N, h*n*d), groups of
+``d`` consecutive columns), ``y`` (N,) or (N, c) (program (10): its groups are one output's coefficients of
+one token, so with the squared loss it is c independent group lassos on the same design, one per output,
+fitted one after the other and timed together), ``loss`` ("squared" or "logistic"), ``beta``, ``d``,
 ``tols``, ``modes``, ``repeats``, ``time_cap``. For each mode and tolerance (loose to tight) it times
 ``adelie.grpnet`` (best of ``repeats``, one run when a run passes 2 s; the sweep of a mode stops at the
 first run over ``time_cap``) and stores the coefficients at ``beta``: OUT.npz holds ``keys`` ("mode
-tol"), ``seconds`` (wall), ``cpu`` (the process's CPU time of that run) and ``W`` (one row per key). The verifier of the project certifies them (the caller,
+tol"), ``seconds`` (wall), ``cpu`` (the process's CPU time of that run) and ``W`` (one row per key:
+the (p, c) coefficients, raveled). The verifier of the project certifies them (the caller,
 in the project's environment; this venv has numpy < 2 and no torch).
 
 Conventions. adelie minimises ``sum_i w_i l(y_i, eta_i) + lambda sum_g omega_g ||b_g||`` with weights
@@ -17,7 +20,7 @@ binomial: ``-y eta + log(1 + e^eta)`` with y in {0, 1}); the project's losses ar
 ``sqrt(d)``) gives the same minimiser; labels -1/+1 map to 0/1; no intercept; ``alpha = 1`` (no ridge
 term); early exit off. Modes: ``single`` = ``lmda_path=[lambda]`` (adelie still fits at its lambda_max
 first, then screens); ``path`` = its own geometric path of 20 values from lambda_max down to lambda
-(``min_ratio = beta / beta_max``), the pathwise use it is designed for. One thread (``n_threads=1``).
+(``min_ratio = lambda / lambda_max`` of that output), the pathwise use it is designed for. One thread (``n_threads=1``).
 """
 import os
 import sys
@@ -31,7 +34,18 @@ import adelie as ad  # noqa: E402
 PATH_SIZE = 20
 
 
-def fit(D, y, loss, lam, groups, mode, tol, beta_ratio):
+def fit(D, Y, loss, lam, groups, mode, tol):
+    """The (p, c) coefficients at ``lam``: one ``grpnet`` per column of ``Y`` (N, c)."""
+    return np.stack([fit_one(D, np.ascontiguousarray(y), loss, lam, groups, mode, tol) for y in Y.T], axis=1)
+
+
+def lambda_max(D, y, loss, d):
+    """The smallest lambda at which 0 is optimal: the largest group norm of the loss's gradient at 0."""
+    g = D.T @ (y if loss == "squared" else (y + 1) / 2 - 0.5) / len(y)
+    return np.linalg.norm(g.reshape(-1, d), axis=1).max()
+
+
+def fit_one(D, y, loss, lam, groups, mode, tol):
     N = D.shape[0]
     w = np.full(N, 1.0 / N)
     glm = ad.glm.gaussian(y, weights=w) if loss == "squared" else ad.glm.binomial((y + 1) / 2, weights=w)
@@ -40,28 +54,32 @@ def fit(D, y, loss, lam, groups, mode, tol, beta_ratio):
     if mode == "single":
         state = ad.grpnet(D, glm, lmda_path=np.array([lam]), **common)
     else:
-        state = ad.grpnet(D, glm, min_ratio=beta_ratio, lmda_path_size=PATH_SIZE, **common)
+        lmax = lambda_max(D, y, loss, groups[1] - groups[0])  # this output's own (program (10): each output's path ends at lam)
+        if lam >= lmax:
+            return np.zeros(D.shape[1])
+        state = ad.grpnet(D, glm, min_ratio=lam / lmax, lmda_path_size=PATH_SIZE, **common)
     return np.asarray(state.betas[-1].toarray()).ravel()
 
 
 def main(job_path, out_path):
     job = np.load(job_path)
     D = np.asfortranarray(job["D"])
-    y = np.ascontiguousarray(job["y"], dtype=np.float64)
+    y = np.asarray(job["y"], dtype=np.float64)
+    y = y.reshape(len(y), -1)  # (N, c)
     loss, d = str(job["loss"]), int(job["d"])
     N, p = D.shape
-    lam, ratio = float(job["beta"]) / N, float(job["beta"]) / float(job["beta_max"])
+    lam = float(job["beta"]) / N
     groups = np.arange(0, p, d)
     repeats, cap = int(job["repeats"]), float(job["time_cap"])
     # load the library outside the timing
-    fit(np.asfortranarray(D[:200]), y[:200].copy(), loss, lam, groups, "single", 1e-7, ratio)
+    fit_one(np.asfortranarray(D[:200]), y[:200, 0].copy(), loss, lam, groups, "single", 1e-7)
     keys, seconds, cpus, W = [], [], [], []
     for mode in [str(m) for m in job["modes"]]:
         for tol in job["tols"]:
             best = cpu = np.inf
             for _ in range(repeats):
                 t, c = time.perf_counter(), time.process_time()
-                b = fit(D, y, loss, lam, groups, mode, float(tol), ratio)
+                b = fit(D, y, loss, lam, groups, mode, float(tol))
                 wall, c = time.perf_counter() - t, time.process_time() - c
                 best, cpu = (wall, c) if wall < best else (best, cpu)
                 if best > 2.0:
@@ -69,7 +87,7 @@ def main(job_path, out_path):
             keys.append(f"{mode} {tol:g}")
             seconds.append(best)
             cpus.append(cpu)
-            W.append(b)
+            W.append(b.ravel())
             if best > cap:
                 break
     np.savez(out_path, keys=np.array(keys), seconds=np.array(seconds), cpu=np.array(cpus), W=np.array(W), version=ad.__version__)

@@ -15,6 +15,7 @@ only that). See :mod:`fista_report`.
     python benchmarks/bench_fista.py --report              # the page from the stored parts
     python benchmarks/bench_fista.py --quick               # every part on small instances, about 3 minutes
     python benchmarks/bench_fista.py --part adelie         # ours against adelie (benchmarks/setup_adelie.sh first)
+    python benchmarks/bench_fista.py --part adelie_large   # the same at N = 10^6 (about 8 GB of memory)
     python benchmarks/bench_fista.py --part gpu            # on a machine with a CUDA GPU (not in the default run):
                                                            # CPU (every core) against the GPU, float64 and float32
 """
@@ -26,8 +27,12 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
-import torch
+if "gpu" not in sys.argv:  # every solver on one thread, numpy's BLAS (skglm, celer, the CVXPY solvers) too
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fista_peers as peers  # noqa: E402
@@ -48,7 +53,7 @@ class Instance:
     rho: float  # correlation of the tokens of a sequence (a shared component)
     frac: float = 0.1  # beta / beta_max
     heads: int = None
-    classes: int = 4
+    classes: int = 4  # cross-entropy's classes (program (10) with the squared loss: 3 outputs, the teacher's)
     peers: tuple = ("skglm", "celer", "clarabel", "scs")
 
     @property
@@ -68,7 +73,7 @@ def make(inst, seed=0):
     for l in range(3):
         W[l, rng.choice(inst.n, 3, replace=False)] = rng.standard_normal((3, inst.d)) / np.sqrt(inst.d)
     S = np.einsum("ikd,lkd->il", X, W) + 0.5 * rng.standard_normal((inst.N, 3))
-    y = {"squared": S[:, 0], "logistic": np.where(S[:, 0] >= 0, 1.0, -1.0),
+    y = {"squared": S if inst.program == 10 else S[:, 0], "logistic": np.where(S[:, 0] >= 0, 1.0, -1.0),
          "cross_entropy": np.argmax(np.c_[S, np.zeros(inst.N)][:, :inst.classes], axis=1)}[inst.loss]
     problem = ct.make_problem(X, y, program=inst.program, loss=inst.loss, beta=1.0, gates=inst.heads,
                               n_classes=inst.classes if inst.loss == "cross_entropy" else None)
@@ -84,8 +89,10 @@ def _over_betas(make_instance, fractions=FRACTIONS):
 
 def instances(part, quick):
     """The instances of one part of the run."""
+    # adelie on the rows with N >= 10^4 (issue #34's range; below it every solve is a few milliseconds)
     P8, big = ("skglm", "celer", "adelie", "clarabel", "scs"), ("skglm", "celer", "adelie")
     logistic, small = ("skglm", "skglm_pn", "adelie", "clarabel"), ("skglm", "skglm_pn", "adelie")
+    P8_small, logistic_small = ("skglm", "celer", "clarabel", "scs"), ("skglm", "skglm_pn", "clarabel")
     if quick:
         return {"squared": [Instance(8, "squared", 1000, 8, 16, 0.0), Instance(8, "squared", 1000, 8, 16, 0.8),
                             Instance(8, "squared", 5000, 16, 32, 0.8)],
@@ -97,9 +104,12 @@ def instances(part, quick):
                 "cross_entropy": _over_betas(lambda f: Instance(10, "cross_entropy", 1000, 8, 16, 0.8, f, classes=5,
                                                                 peers=("clarabel",))),
                 "adelie": [Instance(8, "squared", 5000, 16, 32, 0.8, f, peers=("adelie",)) for f in FRACTIONS]
-                + [Instance(8, "logistic", 2000, 8, 16, 0.8, f, peers=("adelie",)) for f in (0.1, 0.001)]}.get(part, [])
-    return {"squared": [Instance(8, "squared", 1000, 8, 16, 0.0, peers=P8), Instance(8, "squared", 1000, 8, 16, 0.8, peers=P8),
-                        Instance(8, "squared", 1000, 32, 64, 0.8, 0.05, peers=P8),
+                + [Instance(8, "logistic", 2000, 8, 16, 0.8, f, peers=("adelie",)) for f in (0.1, 0.001)]
+                + [Instance(10, "squared", 2000, 8, 16, 0.8, 0.01, classes=3, peers=("adelie",))],
+                "adelie_large": [Instance(8, "squared", 20_000, 8, 16, 0.8, peers=("adelie",))]}.get(part, [])
+    return {"squared": [Instance(8, "squared", 1000, 8, 16, 0.0, peers=P8_small),
+                        Instance(8, "squared", 1000, 8, 16, 0.8, peers=P8_small),
+                        Instance(8, "squared", 1000, 32, 64, 0.8, 0.05, peers=P8_small),
                         Instance(8, "squared", 10_000, 16, 32, 0.0, peers=P8),
                         Instance(8, "squared", 10_000, 16, 32, 0.8, peers=P8),
                         Instance(8, "squared", 20_000, 16, 32, 0.0, peers=P8),
@@ -111,7 +121,7 @@ def instances(part, quick):
                               Instance(12, "squared", 10_000, 8, 16, 0.8, heads=16,
                                        peers=("skglm", "celer", "adelie", "clarabel")),
                               Instance(12, "squared", 100_000, 8, 16, 0.0, heads=16, peers=big)],
-            "logistic": (_over_betas(lambda f: Instance(8, "logistic", 4000, 16, 16, 0.8, f, peers=logistic))
+            "logistic": (_over_betas(lambda f: Instance(8, "logistic", 4000, 16, 16, 0.8, f, peers=logistic_small))
                          + _over_betas(lambda f: Instance(8, "logistic", 10_000, 16, 32, 0.8, f, peers=logistic))),
             "logistic_large": (_over_betas(lambda f: Instance(8, "logistic", 15_000, 8, 32, 0.0, f, peers=logistic))
                                + _over_betas(lambda f: Instance(12, "logistic", 10_000, 8, 16, 0.8, f, heads=16,
@@ -120,25 +130,30 @@ def instances(part, quick):
                                                              peers=("clarabel",)))
                               + _over_betas(lambda f: Instance(10, "cross_entropy", 5000, 8, 16, 0.8, f,
                                                                peers=("clarabel",)))),
-            "adelie": adelie_instances()}.get(part, [])
+            "adelie": adelie_instances(),
+            "adelie_large": [Instance(8, loss, 1_000_000, 8, 16, 0.8, f, peers=("adelie",))
+                             for loss in ("squared", "logistic") for f in (0.1, 0.01)]}.get(part, [])
 
 
 def adelie_instances():
-    """The part ``adelie``: ours against adelie alone (skglm is in the tables of the other parts) on programs
-    (8) and (12), squared and logistic, at 0.1, 0.01 and 0.001 beta_max. Program (10) is not a group lasso
-    adelie solves: its groups are one output's coefficients of a token, adelie's multi-response groups hold
-    every output's."""
-    sq8 = lg8 = ("adelie",)  # skglm is in the other tables
-    return (_over_betas(lambda f: Instance(8, "squared", 10_000, 16, 32, 0.8, f, peers=sq8))
-            + [Instance(8, "squared", 20_000, 16, 32, 0.8, 0.1, peers=sq8),
-               Instance(8, "squared", 50_000, 8, 16, 0.8, 0.05, peers=sq8)]
-            + _over_betas(lambda f: Instance(8, "squared", 100_000, 8, 16, 0.8, f, peers=sq8))
-            + _over_betas(lambda f: Instance(8, "logistic", 10_000, 16, 32, 0.8, f, peers=lg8))
-            + _over_betas(lambda f: Instance(12, "squared", 10_000, 8, 16, 0.8, f, heads=16, peers=sq8))
-            + _over_betas(lambda f: Instance(12, "logistic", 10_000, 8, 16, 0.8, f, heads=16, peers=lg8), (0.1, 0.001)))
+    """The part ``adelie``: ours against adelie alone on the rows of programs (8), (10) and (12), squared and
+    logistic, at 0.1, 0.01 and 0.001 beta_max, that the other parts (where adelie is a peer beside skglm and
+    celer) do not have. Program (10)'s groups are one output's coefficients of a token: with the squared loss
+    it is c group lassos on one design, which adelie solves one after the other (its multi-response groups
+    would hold every output's coefficients, another penalty); the logistic loss has one output (program (8));
+    cross-entropy (adelie's multinomial groups are again every class's coefficients) is compared with
+    Clarabel in the part ``cross_entropy``."""
+    only = ("adelie",)
+    return ([Instance(8, "squared", 10_000, 16, 32, 0.8, f, peers=only) for f in (0.01, 0.001)]
+            + [Instance(8, loss, 10_000, 8, 16, 0.8, 0.1, peers=only) for loss in ("squared", "logistic")]
+            + [Instance(8, "squared", 50_000, 8, 16, 0.8, 0.05, peers=only)]
+            + _over_betas(lambda f: Instance(8, "squared", 100_000, 8, 16, 0.8, f, peers=only))
+            + _over_betas(lambda f: Instance(10, "squared", 10_000, 8, 16, 0.8, f, classes=3, peers=only))
+            + [Instance(12, "squared", 10_000, 8, 16, 0.8, f, heads=16, peers=only) for f in (0.01, 0.001)])
 
 
-PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy", "adelie", "gpu")
+PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy", "adelie", "adelie_large",
+         "gpu")
 
 
 def run_instance(inst, caps):
@@ -385,10 +400,6 @@ def main():
             json.dump(out, f)
         print(f"part {part}: {out['minutes']:.1f} min", flush=True)
     parts = {p: json.load(open(store / f"{p}.json")) for p in PARTS if (store / f"{p}.json").exists()}
-    if set(parts) <= {"adelie", "gpu"} and Path(args.out).exists() and not args.quick:
-        # only the part adelie stored here: its section replaces the one of the page, the rest is kept
-        fista_report.splice_adelie(parts["adelie"], Path(args.out))
-        return
     fista_report.write(parts, Path(args.out), Path(args.figure), quick=args.quick)
 
 

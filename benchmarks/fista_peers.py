@@ -170,10 +170,10 @@ def run_adelie(problem, D, repeats=3, time_cap=120.0, modes=("single", "path")):
     N = D.shape[0]
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.npz", Path(tmp) / "out.npz"
-        np.savez(job, D=D, y=problem.T[:, 0], loss=problem.loss.name, beta=problem.beta, beta_max=problem.beta_max(),
+        np.savez(job, D=D, y=problem.T, loss=problem.loss.name, beta=problem.beta,
                  d=problem.program.d, tols=np.array(ADELIE_TOLS), modes=np.array(modes), repeats=repeats,
                  time_cap=time_cap)
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH="")
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH="")
         proc = subprocess.run([str(ADELIE_PYTHON), str(Path(__file__).resolve().parent / "adelie_runner.py"),
                                str(job), str(out)], capture_output=True, text=True, env=env)
         if proc.returncode:
@@ -182,7 +182,7 @@ def run_adelie(problem, D, repeats=3, time_cap=120.0, modes=("single", "path")):
         keys, seconds, cpus, W = list(res["keys"]), res["seconds"], res["cpu"], res["W"]
     run = Run()
     for key, sec, cpu, w in zip(keys, seconds, cpus, W):
-        gap = gap_of(problem, w)
+        gap = gap_of(problem, problem.program.from_cvxpy(w.reshape(D.shape[1], -1)))
         run.points.append((float(sec), gap))
         run.gap = gap if run.gap is None else min(run.gap, gap)
         if gap <= TARGET and (run.seconds is None or sec < run.seconds):

@@ -20,7 +20,7 @@ ADELIE_BEGIN, ADELIE_END = "<!-- part adelie: begin -->", "<!-- part adelie: end
 def label(d):
     """The label of an instance given as a dict (see ``bench_fista.Instance``)."""
     h = f", h={d['heads']}" if d.get("heads") else ""
-    c = f", c={d['classes']}" if d["loss"] == "cross_entropy" else ""
+    c = f", c={d['classes']}" if d["loss"] == "cross_entropy" or d["program"] == 10 else ""
     return (f"({d['program']}) {d['loss']}, N={d['N']:,}, n={d['n']}, d={d['d']}{c}{h}, rho={d['rho']:g}, "
             f"beta={d['frac']:g} beta_max")
 
@@ -85,7 +85,8 @@ def targets(parts):
                  f"{'yes' if not below1 else f'NO on {len(below1)}: ' + '; '.join(label(i) for i in below1)} |")
         L.append(f"| aim: 2x skglm on every logistic instance | {len(logistic) - len(below2)} of {len(logistic)} "
                  f"at 2x or more | {'yes' if not below2 else 'NO: below 2x on ' + '; '.join(label(i) for i in below2)} |")
-    L += adelie_targets(_rows(parts, ["squared", "squared_large", "logistic", "logistic_large", "adelie"]))
+    L += adelie_targets(_rows(parts, ["squared", "squared_large", "logistic", "logistic_large", "adelie",
+                                      "adelie_large"]))
     spans = _beta_spans(parts, ["logistic", "logistic_large", "cross_entropy"])
     if spans:
         worst = max(spans, key=lambda s: s[1])
@@ -247,9 +248,9 @@ def write(parts, out, figure, quick=False):
          f"- Machine: {first.get('machine', 'not run')}.",
          "- Regenerate (from the repository root, `PYTHONPATH=.`, nothing else heavy running): `bash "
          "benchmarks/setup_adelie.sh` once (adelie's venv), then `python benchmarks/bench_fista.py --part P` for P in "
-         "squared, squared_large, extras, logistic, logistic_large, cross_entropy, adelie (and gpu on a machine with a "
-         "CUDA GPU); each part stores `out/bench_fista/P.json` and rewrites this page from every part stored (with "
-         "only the part adelie stored, its section alone is replaced).",
+         "squared, squared_large, extras, logistic, logistic_large, cross_entropy, adelie, adelie_large (and gpu on a "
+         "machine with a CUDA GPU); each part stores `out/bench_fista/P.json` and rewrites this page from every part "
+         "stored.",
          "- Runs: one part per command on a machine shared with other sessions (the 1-minute load average, "
          "measured at the start and the end of each part, says how busy it was; timings can be noisy); runs under "
          "2 s are the best of 3:",
@@ -320,8 +321,8 @@ def write(parts, out, figure, quick=False):
                      f"{r['seconds']:.3g} | {r['status']} |")
         L += ["", "In the tests (small instances), float32 certifies 1e-4 reliably; use float64 for 1e-6 and below "
               "unless the table above shows float32 reaching it on similar data.", ""]
-    if "adelie" in parts:
-        L += adelie_section(parts["adelie"])
+    if "adelie" in parts or "adelie_large" in parts:
+        L += adelie_section([parts[p] for p in ("adelie", "adelie_large") if p in parts])
     if "gpu" in parts:
         L += gpu_section(parts["gpu"])
     write_doc(out, L)
@@ -374,9 +375,9 @@ ADELIE_WHY = [
     "certified run needs a tight `tol` (see the setting column), and more so at small beta. An earlier measurement "
     "(not by this script) had adelie at 0.067 s on (8) squared, N=20,000, 0.1 beta_max; here its fastest certified "
     "run took 0.138 s of CPU time (tol 1e-8; tol 1e-7 does not certify 1e-6), not reproduced.", "",
-    "Program (10) (cross-entropy, c outputs) is not in these tables: its groups are one output's coefficients "
-    "of one token; adelie's multi-response groups hold every output's coefficients of a feature group, a "
-    "different penalty."]
+    "Program (10) with cross-entropy is not in these tables: adelie's multinomial groups hold every class's "
+    "coefficients of a token, a different penalty; it is compared with Clarabel in the cross-entropy table "
+    "(skglm has no multinomial group lasso)."]
 
 
 def adelie_targets(rows):
@@ -394,25 +395,31 @@ def adelie_targets(rows):
             f"{'yes' if not below2 else f'MISSED on {len(below2)}'} |"]
 
 
-def adelie_section(part):
-    rows = [(r["instance"], {k: peers.Run(**v) for k, v in r["runs"].items()}, r.get("load")) for r in part["rows"]]
+def adelie_section(parts):
+    """The section adelie: the rows of the parts ``adelie`` and ``adelie_large`` (those stored)."""
+    rows = [(r["instance"], {k: peers.Run(**v) for k, v in r["runs"].items()}, r.get("load"))
+            for part in parts for r in part["rows"]]
+    runs_of = "; ".join(f"`{p['command']}` at commit {p.get('commit', '?')}, {p['started']} UTC, {p['minutes']:.1f} min, "
+                        f"1-minute load average {p['load0']} at start, {p['load1']} at end" for p in parts)
     L = [ADELIE_BEGIN, "## adelie", "",
-         f"`{part['command']}` (after `bash benchmarks/setup_adelie.sh`) at commit {part.get('commit', '?')} on "
-         f"{part['machine']}; run {part['started']} UTC, {part['minutes']:.1f} min, 1-minute load average "
-         f"{part['load0']} at start, {part['load1']} at end (the machine has 2 cores and was shared with other "
-         "sessions' tests: a load above 2 slows every solver, and the times below are noisier than the "
-         "other tables'; ratios are of runs minutes apart at most).", "",
+         f"{runs_of} (after `bash benchmarks/setup_adelie.sh`), on {parts[0]['machine']}. The machine has 2 cores "
+         "and was shared with other sessions: a load above 2 slows every solver; ours and adelie's runs of a row "
+         "are minutes apart at most, and the load column gives the load at each row's start and end.", "",
          "adelie (Yang & Hastie, arXiv 2405.08631; `adelie.grpnet`, C++) on the same dense design as skglm, "
          "`lambda = beta / N` (its loss is averaged with weights 1/N), penalty factors 1 (its default is "
          "sqrt(group size)), no intercept, `alpha = 1`, early exit off, `n_threads=1`; run in a venv of its own "
          "(it needs numpy < 2) by `benchmarks/adelie_runner.py`, which times `grpnet` only (best of 3 under 2 s). "
          "It is swept over `tol` (= `irls_tol`) 1e-7, 1e-8, 1e-9, 1e-10, 1e-12 in two modes, `single` "
          "(`lmda_path=[lambda]`) and `path` (its own path of 20 lambdas from lambda_max down to lambda), and "
-         "credited with its **fastest** run that our verifier certifies at 1e-6 (favours adelie). Ours: "
+         "credited with its **fastest** run that our verifier certifies at 1e-6 (favours adelie). Program (10) "
+         "with the squared loss (c = 3 outputs): its groups are one output's coefficients of one token, so it is "
+         "c group lassos on one design; adelie fits them one after the other, timed together (its multi-response "
+         "groups would hold every output's coefficients of a token, another penalty). Ours: "
          "`ProxGrad.solve` end to end, one thread, best of 3, timed before and after adelie (the faster kept). "
          "`x` = peer time / ours (> 1: ours faster), in wall time (the credit rule) and in CPU time of the same runs "
          "(`time.process_time()`, each solver single-threaded: on a loaded machine the wall time is mostly waiting "
-         "for a core, and CPU time compares the work). Target: at least as fast as adelie on every row (aim 2x).", "",
+         "for a core, and CPU time compares the work). Target: at least as fast as adelie on every row (aim 2x); "
+         "the other tables' adelie columns count too (target rows at the top).", "",
          "| instance | fista (s) | iterations (how) | adelie (s) | adelie setting | x | fista CPU (s) | adelie CPU (s) "
          "| x (CPU) | load at start / end |", "|---|---:|---|---:|---|---:|---:|---:|---:|---|"]
     for inst, runs, load in rows:
@@ -424,21 +431,3 @@ def adelie_section(part):
                  + ("" if load is None else f"{load[0]:.2f} / {load[1]:.2f}") + " |")
     L += ["", "| target | measured | met |", "|---|---|---|"] + adelie_targets([(i, r) for i, r, _ in rows])
     return L + [""] + ADELIE_WHY + ["", ADELIE_END, ""]
-
-
-def splice_adelie(part, out):
-    """Replace the section adelie of the page ``out`` (between its markers; appended if absent) by the
-    one of ``part``, keeping the rest of the page (the other parts were not stored here)."""
-    text = out.read_text()
-    lines = adelie_section(part)
-    lines.insert(-2, "Only this part was run for this section: the tables above are from their own runs (see the "
-                     "table of parts at the top), before adelie was among their peers; adelie gets a column there "
-                     "when their parts are rerun (`--part squared` etc.).")
-    lines.insert(-2, "")
-    section = "\n".join(lines)
-    if ADELIE_BEGIN in text and ADELIE_END in text:
-        head, rest = text.split(ADELIE_BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(ADELIE_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    write_doc(out, text.rstrip("\n").split("\n"))
