@@ -140,7 +140,7 @@ def test_entry_point_runs_without_traceback(tmp_path, data):
 
 def test_help_is_fast_lists_every_command_and_imports_no_heavy_package():
     code = ("import sys; from cvxtransformer.cli import main; code = main(['--help']); "
-            "print(code, sorted(m for m in ('torch', 'cvxpy', 'scipy', 'matplotlib') if m in sys.modules))")
+            "print(code, sorted(m for m in ('numpy', 'torch', 'cvxpy', 'scipy', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "0 []"
     listing = subprocess.run([sys.executable, "-m", "cvxtransformer", "--help"], capture_output=True, text=True)

@@ -9,7 +9,6 @@ import math
 from dataclasses import dataclass, fields
 
 from ..core.errors import invalid
-from ..core.validation import check_choice, check_fraction, check_int, check_positive
 
 TASKS = ("division", "periodicity")
 READINGS = ("invertible", "power", "fermat")  # of division (cvxtransformer.datasets.algorithmic)
@@ -56,6 +55,10 @@ class RunConfig:
 
     def validate(self):
         """Check every setting before any work is done; errors name the setting."""
+        # imported here: the command line imports this module at start-up, before the memory-limit check,
+        # and core.validation loads numpy (OpenBLAS's start-up allocation aborts under a low limit)
+        from ..core.validation import check_choice, check_fraction, check_int, check_positive
+
         check_choice("task", self.task, TASKS)
         check_choice("reading", self.reading, READINGS)
         check_choice("model", self.model, MODELS)

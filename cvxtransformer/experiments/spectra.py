@@ -16,8 +16,6 @@ by its maximum over the steps before; ``rank_collapse`` is ``collapse_ratio <= 0
 """
 import os
 
-import numpy as np
-
 from .config import add_model_arguments, add_task_arguments, config_from_args, default_eval_every, task_title
 
 COLLAPSE = 0.5
@@ -27,12 +25,16 @@ def _at(steps, values, step):
     """Value at the last recorded step <= step (None when step is None)."""
     if step is None:
         return None
+    import numpy as np
+
     i = max(0, np.searchsorted(steps, step, side="right") - 1)
     return float(values[i])
 
 
 def rank_summary(metrics):
     """Effective-rank summary per tracked matrix of one run (see the module docstring)."""
+    import numpy as np  # here: the command line imports this module at start-up (config.validate says why)
+
     out = {}
     gen = metrics["steps_to_99_test"]
     for name, s in metrics["spectral"].items():
