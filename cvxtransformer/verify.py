@@ -253,10 +253,10 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         "mhsa" for linear multi-head self-attention (5); on the network's training data and beta
     network : :class:`~cvxtransformer.core.reductions.AttentionHeads` (``W1`` (m, n) attention rows on
         the simplex, ``W2`` (m, d), ``W3`` (m, c), ``gate`` (m,) for (11)), a dict of those arrays,
-        :class:`~cvxtransformer.core.reductions.MHSAHeads` (``W1`` (m, d, d), ``W2`` (m, d, c)) or its
-        dict, :class:`~cvxtransformer.core.reductions.GatedMHSAHeads` (``W1``, ``W2`` and ``gate`` (m,),
+        :class:`~cvxtransformer.core.mhsa.MHSAHeads` (``W1`` (m, d, d), ``W2`` (m, d, c)) or its
+        dict, :class:`~cvxtransformer.core.gated_mhsa.GatedMHSAHeads` (``W1``, ``W2`` and ``gate`` (m,),
         e.g. from ``recover_weights`` of the gated MHSA program) or its dict, or a network of
-        :mod:`cvxtransformer.nn.networks`. ``form``: "balanced" (every family) or "lemma1" (heads of
+        :mod:`cvxtransformer.nn`. ``form``: "balanced" (every family) or "lemma1" (heads of
         (9)/(11), whose value vectors are normalised first: see ``Proposition1.objective``); any
         other is refused. Softmax attention (3) is refused:
         the bound does not cover it (its attention depends on the input).

@@ -8,15 +8,11 @@
   ``w_2`` and output vector ``w_3``: balanced form ``w_2 = z / sqrt(||z||)``,
   ``w_3 = sqrt(||z||) e_l`` (penalty ``beta/2 (||w_2||^2 + ||w_3||_1^2)``), or Lemma-1 form
   ``w_2 = z / ||z||``, ``w_3 = ||z|| e_l`` (penalty ``beta ||w_3||_1``).
-* :class:`LinearMHSAReduction` (Sahiner et al.): the linear multi-head self-attention network (5)
-  <-> program (6). From the SVD ``Z = sum_j s_j u_j v_j^T``, head j is
-  ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``.
-* :class:`GatedMHSAReduction` (Sahiner et al.): the gated-ReLU multi-head self-attention network
-  ``sum_j (D_g(j)(X) * (X W1j X^T)) X W2j`` <-> the gated program: the heads of each ``Z_g``, as
-  above, on gate g.
 
-This module also registers the program families (:mod:`.registry`): each program with its
-reduction, the losses it allows and the options of ``make_problem`` it takes.
+This module holds the generic :class:`Reduction`, :func:`recover_weights` and :func:`nonconvex_objective`,
+and registers the attention family (:mod:`.registry`): each program with its reduction, the losses it
+allows and the options of ``make_problem`` it takes. Every other family's reduction lives in its own
+module (e.g. :mod:`.mixer`), which registers it.
 
 ``objective`` evaluates the network's weight-decay objective in plain numpy from ``X``, the
 weights and the gates, without the convex program's linear map: at the recovered weights it
@@ -45,8 +41,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import invalid
-from .gated_mhsa import GatedMHSAProgram, attention_masks
-from .mhsa import LinearMHSAProgram
 from .problem import check_problem
 from .programs import AttentionProgram
 from .registry import register
@@ -74,43 +68,6 @@ class AttentionHeads:
         return self.W1.shape[0]
 
 
-@dataclass
-class MHSAHeads:
-    """Heads of the linear multi-head self-attention network (5).
-
-    W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c).
-    ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j`` (n x c), mean-pooled over tokens for one target per sequence.
-    """
-
-    W1: np.ndarray
-    W2: np.ndarray
-    form: str = "balanced"
-
-    @property
-    def heads(self):
-        return self.W1.shape[0]
-
-
-@dataclass
-class GatedMHSAHeads:
-    """Heads of the gated-ReLU multi-head self-attention network.
-
-    W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c); gate : ndarray (m,) of ints,
-    each head's gate (an index into the program's ``H``).
-    ``f(X_i) = sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` (n x c), mean-pooled over tokens for
-    one target per sequence.
-    """
-
-    W1: np.ndarray
-    W2: np.ndarray
-    gate: np.ndarray
-    form: str = "balanced"
-
-    @property
-    def heads(self):
-        return self.W1.shape[0]
-
-
 class Reduction:
     """A convexification and its inverse: ``apply`` (network and data -> convex problem), ``invert``
     (Z -> the network's weights), ``coefficients`` (weights -> Z), ``objective`` (the network's
@@ -120,7 +77,9 @@ class Reduction:
 
     ``models``: the models that ``compare`` trains against the family's program (plain data, so the
     core imports no network), name -> a dict with ``equation``, ``build`` (``"module:function"``, a
-    function ``(problem, heads, sequence, seed) -> network``, imported when called), ``heads`` (how
+    function ``(problem, heads, sequence, seed) -> network``, imported when called), ``network``
+    (``"module:Class"``, the network's class, which :func:`cvxtransformer.nn.networks.build_network` calls as
+    ``Class(n, d, c, heads, pooled=..., seed=..., **gate_arrays)``), ``heads`` (how
     the default head counts are chosen: ``"around_rank"``, ``"per_gate_ranks"`` or ``"groups"``, see
     :mod:`cvxtransformer.comparison.models`), ``bounded`` (whether the program's certificate bounds
     it; default True), ``default`` (trained when the user names no models), ``colour`` (matplotlib's)
@@ -262,184 +221,9 @@ class Proposition1(Reduction):
         return problem.loss.value(Yhat, problem.T) + penalty
 
 
-class LinearMHSAReduction(Reduction):
-    """Sahiner et al.'s theorem: the linear MHSA network (5) <-> program (6)."""
-    heads = MHSAHeads
-
-    networks = {"linear_mhsa": "mhsa"}
-    equations = {"mhsa": "(5)"}
-    models = {"linear_mhsa": dict(equation="(5)", build="cvxtransformer.nn.networks:linear_mhsa_model",
-                                  heads="around_rank", default=True, colour="tab:blue"),
-              "softmax": {}}
-
-    @staticmethod
-    def coefficients(problem, heads):
-        """The coefficients Z (d^2, d c) of program (6) that network (5) with ``heads`` implements:
-        ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]``, i.e. ``Z = sum_j u_j v_j^T`` with
-        ``u_j[k*d + a] = W1j[a, k]``, ``v_j[l*c + b] = W2j[l, b]``. The network's output is the program's
-        ``forward(Z)`` and ``beta ||Z||_* <= beta sum_j ||W1j|| ||W2j|| <=`` its penalty."""
-        p = problem.program
-        if not isinstance(heads, MHSAHeads):
-            raise invalid("weights", f"MHSAHeads (W1, W2), the heads of network (5), for {p.label}", type(heads).__name__)
-        LinearMHSAReduction.check_form(heads.form, "weights.form")
-        W1, W2 = _mhsa_weights(p, heads)
-        return LinearMHSAReduction.sum_heads(W1, W2)
-
-    @staticmethod
-    def sum_heads(W1, W2):
-        """``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` of shape (d^2, d c), unchecked: the one-gate
-        case of :meth:`GatedMHSAReduction.sum_heads` (behind ``LinearMHSA.effective_coefficients``)."""
-        return GatedMHSAReduction.sum_heads(W1, W2, np.zeros(len(W1), dtype=int), 1)[0]
-
-    @staticmethod
-    def invert(problem, Z, form="balanced"):
-        """``m = rank(Z)`` heads (W1j, W2j) from the SVD of Z, balanced: ``beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j``."""
-        LinearMHSAReduction.check_form(form)
-        p = problem.program
-        return MHSAHeads(*_svd_heads(Z, problem.regularizer.rank(Z), p.d, p.c))
-
-    @staticmethod
-    def predict(X, heads, pooled, chunk=4096):
-        """Outputs of network (5): (N, n*c) per token, or (N, c) mean-pooled; in float64, by chunks of
-        samples (``X`` may be a memory map larger than memory)."""
-        N, n, _ = X.shape
-        c = heads.W2.shape[2]
-        out = np.empty((N, c) if pooled else (N, n * c))
-        for s in range(0, N, chunk):
-            Xc = np.asarray(X[s:s + chunk], dtype=float)
-            G = np.einsum("ita,itb->iab", Xc, Xc)
-            Y = np.einsum("ita,jak,ikb,jbc->itc", Xc, heads.W1, G, heads.W2, optimize=True)
-            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
-        return out
-
-    @staticmethod
-    def objective(problem, heads):
-        """``sum_i L(sum_j X_i W1j X_i^T X_i W2j, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``."""
-        p = problem.program
-        return _weight_decay_objective(problem, LinearMHSAReduction.predict(p.X, heads, p.pooled), heads)
-
-
-def _mhsa_weights(program, heads):
-    """``(W1 (m, d, d), W2 (m, d, c))`` of MHSA heads as finite float arrays of the program's d and c;
-    errors name the weights."""
-    p = program
-    W1, W2 = np.asarray(heads.W1), np.asarray(heads.W2)
-    m = W1.shape[0] if W1.ndim == 3 else -1
-    if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
-        raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
-                      f"{W1.shape} and {W2.shape}")
-    W1, W2 = W1.astype(float), W2.astype(float)
-    if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
-        raise invalid("weights", "finite values", "NaN/Inf entries")
-    return W1, W2
-
-
-def _weight_decay_objective(problem, Yhat, heads):
-    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of MHSA heads (balanced: their one form)."""
-    Reduction.check_form(heads.form, "weights.form")
-    penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
-    return problem.loss.value(Yhat, problem.T) + penalty
-
-
-def _svd_heads(Z, m, d, c):
-    """The heads ``(W1 (m, d, d), W2 (m, d, c))`` of the m largest singular triplets of Z (d^2, dc):
-    ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``."""
-    U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
-    root = np.sqrt(s[:m])
-    W1 = (U[:, :m] * root).T.reshape(m, d, d).transpose(0, 2, 1)  # W1j[a, k] = u_j[k*d + a]
-    W2 = (Wh[:m] * root[:, None]).reshape(m, d, c)                # W2j[l, b] = v_j[l*c + b]
-    return W1, W2
-
-
-class GatedMHSAReduction(Reduction):
-    """Sahiner et al.'s gated-ReLU theorem: the gated MHSA network <-> the gated program, gate by gate.
-
-    For any heads, ``Z_g = sum_{j: gate(j) = g} u_j v_j^T`` (:meth:`coefficients`) gives the same outputs
-    and ``||Z_g||_* <= sum_j ||W1j|| ||W2j|| <= sum_j (||W1j||^2 + ||W2j||^2) / 2``; the SVD of each
-    ``Z_g`` gives heads that attain it (:meth:`invert`). So P(Z*) is the optimum of the network with
-    these gates once each gate g holds ``rank(Z*_g)`` heads (``sum_g rank(Z*_g)`` in all), and a lower
-    bound for any number of heads.
-    """
-    heads = GatedMHSAHeads
-
-    networks = {"gated_mhsa": "gated_mhsa"}
-    equations = {"gated_mhsa": "(gated MHSA)"}
-    models = {
-        "gated_mhsa": dict(equation="(gated MHSA)", build="cvxtransformer.nn.networks:gated_mhsa_model",
-                           heads="per_gate_ranks", default=True, colour="tab:blue"),
-        "relu_mhsa": dict(equation="(ReLU MHSA)", build="cvxtransformer.nn.networks:relu_mhsa_model",
-                          heads="around_rank", bounded=False, default=True, colour="tab:brown",
-                          note="the ReLU network has the gated network's heads and weight decay, but masks that "
-                               "move with W1: the gated program's optimum is no bound for it, and objective - "
-                               "convex optimum < 0 means it does better than any network on these fixed gates"),
-    }
-
-    @staticmethod
-    def invert(problem, Z, form="balanced"):
-        """``rank(Z_g)`` heads on each gate g from the SVD of ``Z_g``, balanced as for program (6)."""
-        GatedMHSAReduction.check_form(form)
-        p = problem.program
-        Z = np.asarray(Z, dtype=float)
-        ranks = problem.regularizer.ranks(Z)
-        heads = [_svd_heads(Z[g], int(r), p.d, p.c) for g, r in enumerate(ranks)]
-        return GatedMHSAHeads(W1=np.concatenate([h[0] for h in heads]), W2=np.concatenate([h[1] for h in heads]),
-                              gate=np.repeat(np.arange(len(ranks)), ranks))
-
-    @staticmethod
-    def coefficients(problem, heads):
-        """The coefficients Z (P, d^2, d c) that the network with ``heads`` implements on the program's
-        gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
-        the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
-        p = problem.program
-        if not isinstance(heads, GatedMHSAHeads):
-            raise invalid("weights", f"GatedMHSAHeads (W1, W2, gate), the heads of the gated MHSA network, for "
-                          f"{p.label}", type(heads).__name__)
-        GatedMHSAReduction.check_form(heads.form, "weights.form")
-        W1, W2 = _mhsa_weights(p, heads)
-        m, gate = len(W1), np.asarray(heads.gate)
-        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
-            raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of H per head)",
-                          f"shape {gate.shape}, dtype {gate.dtype}")
-        return GatedMHSAReduction.sum_heads(W1, W2, gate, p.gates)
-
-    @staticmethod
-    def sum_heads(W1, W2, gate, gates):
-        """``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]`` of shape (gates, d^2, d c),
-        unchecked: the one implementation behind :meth:`coefficients` and ``GatedMHSA.effective_coefficients``."""
-        m, d, c = W2.shape
-        A, B = W1.transpose(0, 2, 1).reshape(m, d * d), W2.reshape(m, d * c)  # rows vec(W1j^T), vec(W2j)
-        Z = np.zeros((gates, d * d, d * c))
-        for g in range(gates):  # a sum of outer products as one product: no (m, d^2, d c) array
-            on = gate == g
-            Z[g] = A[on].T @ B[on]
-        return Z
-
-    @staticmethod
-    def predict(X, heads, H, pooled, chunk=1024):
-        """Outputs of the gated network, ``sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j``: (N, n*c) per
-        token, or (N, c) mean-pooled; float64, by chunks of samples (``X`` may be a memory map)."""
-        N, n, _ = X.shape
-        c = heads.W2.shape[2]
-        out = np.empty((N, c) if pooled else (N, n * c))
-        for s in range(0, N, chunk):
-            Xc = np.asarray(X[s:s + chunk], dtype=float)
-            D = attention_masks(Xc, H)[:, :, heads.gate, :]                        # (r, t, j, s)
-            scores = np.einsum("ita,jak,isk->itjs", Xc, heads.W1, Xc, optimize=True) * D
-            Y = np.einsum("itjs,isl,jlb->itb", scores, Xc, heads.W2, optimize=True)
-            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
-        return out
-
-    @staticmethod
-    def objective(problem, heads):
-        """``sum_i L(f(X_i), Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` with the program's gates."""
-        p = problem.program
-        return _weight_decay_objective(problem, GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled), heads)
-
-
 def recover_weights(problem, Z, form="balanced"):
     """The nonconvex network's weights behind coefficients Z of ``problem`` (the program's shape):
-    Proposition 1's heads for programs (8)/(10)/(12), Sahiner et al.'s for program (6) and the gated
-    program."""
+    the inverse of the family's reduction (e.g. Proposition 1's heads for programs (8)/(10)/(12))."""
     return check_problem(problem).reduction.invert(problem, problem.program.check_Z(Z), form)
 
 
@@ -451,15 +235,10 @@ def nonconvex_objective(problem, weights):
 
 
 ALL_LOSSES = ("squared", "logistic", "cross_entropy")
-# cases: the (loss, target kind) pairs of cvxtransformer.testing.CASES (for "gated_mhsa" each loss once, to keep
-# the grids fast: its pooled squared case is in tests/test_gated_mhsa.py)
+# cases: the (loss, target kind) pairs of cvxtransformer.testing.CASES
 register(8, AttentionProgram, Proposition1, ("squared", "logistic"),
          cases=(("squared", "scalar"), ("logistic", "binary")))
 register(10, AttentionProgram, Proposition1, ALL_LOSSES,
          cases=(("squared", "vector"), ("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")))
 register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"),
          cases=(("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")))
-register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES,
-         cases=(("squared", "sequence"), ("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")))
-register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"),
-         cases=(("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")))
