@@ -18,7 +18,7 @@ with a design of P d^3 columns (gate, k, a, l).
 :class:`GatedMHSAReduction` (Sahiner et al.): the gated-ReLU multi-head self-attention network
 ``sum_j (D_g(j)(X) * (X W1j X^T)) X W2j`` <-> this program: the heads of each ``Z_g``, as for program
 (6), on gate g (:class:`GatedMHSAHeads`). This module registers the family; it is built on program
-(6)'s module (:mod:`.mhsa`: operator, program, SVD heads), its one dependency on another family.
+(6)'s module (:mod:`cvxtransformer.core.mhsa`: operator, program, SVD heads), its one dependency on another family.
 
 Example
 -------

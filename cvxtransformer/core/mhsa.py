@@ -538,7 +538,7 @@ def _mhsa_weights(program, heads):
 
 
 def _weight_decay_objective(problem, Yhat, heads):
-    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of heads ``W1``, ``W2`` (balanced: their one form)."""
+    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of heads ``W1``, ``W2`` (balanced only)."""
     Reduction.check_form(heads.form, "weights.form")
     penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
     return problem.loss.value(Yhat, problem.T) + penalty

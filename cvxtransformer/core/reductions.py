@@ -12,7 +12,7 @@
 This module holds the generic :class:`Reduction`, :func:`recover_weights` and :func:`nonconvex_objective`,
 and registers the attention family (:mod:`.registry`): each program with its reduction, the losses it
 allows and the options of ``make_problem`` it takes. Every other family's reduction lives in its own
-module (e.g. :mod:`.mixer`), which registers it.
+module (e.g. :mod:`cvxtransformer.core.mixer`), which registers it.
 
 ``objective`` evaluates the network's weight-decay objective in plain numpy from ``X``, the
 weights and the gates, without the convex program's linear map: at the recovered weights it
