@@ -70,7 +70,7 @@ def __getattr__(name):
     if name == "__all__":  # every public name (imports the family modules)
         return sorted(set(_WHERE) | set(_family_exports()))
     module = _WHERE.get(name)
-    if module is None and not name.startswith("__"):
+    if module is None and not name.startswith("_"):
         module = _family_exports().get(name)
     if module is None:
         raise AttributeError(f"module 'cvxtransformer' has no attribute {name!r}")

@@ -392,7 +392,7 @@ def _family_classes():
 def __getattr__(name):
     if name == "__all__":
         return sorted(_DEFINED + list(_family_estimators()))
-    found = _family_estimators().get(name) if not name.startswith("__") else None
+    found = None if name.startswith("_") else _family_estimators().get(name)
     if found is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return _family_class(name, *found)

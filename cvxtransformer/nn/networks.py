@@ -342,15 +342,24 @@ def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, 
     """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11) (gate vectors ``U1``, ``U2``),
     ``"softmax"`` (3), or a network a registered family declares (:func:`family_networks`), built as
     ``Class(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)``: ``kwargs`` carries the family's
-    gate arrays (e.g. ``H=...``), which its gated network needs."""
+    gate arrays (e.g. ``H=...``), which its gated network needs; gate arrays a network does not take are
+    ignored."""
+    from ..core.registry import gate_arrays
+
+    arrays = gate_arrays()
+
+    def build(cls, *args, **options):
+        takes = inspect.signature(cls).parameters
+        return cls(*args, **{k: v for k, v in options.items() if k in takes or k not in arrays})
+
     if model == "alternative":
-        return AlternativeAttention(n, d, c, heads, seed=seed, **kwargs)
+        return build(AlternativeAttention, n, d, c, heads, seed=seed, **kwargs)
     if model == "gated":
         if U1 is None or U2 is None:
             raise invalid("U1, U2", "the gate vectors of program (12) for the gated network", "None")
-        return GatedAttention(n, d, c, heads, U1, U2, seed=seed, **kwargs)
+        return build(GatedAttention, n, d, c, heads, U1, U2, seed=seed, **kwargs)
     if model == "softmax":
-        return SoftmaxAttention(n, d, c, sequence=sequence, seed=seed, **kwargs)
+        return build(SoftmaxAttention, n, d, c, sequence=sequence, seed=seed, **kwargs)
     declared = family_networks()
     if model not in declared:
         raise invalid("model", f"one of {ATTENTION_MODELS + tuple(declared)}", repr(model))
@@ -362,4 +371,4 @@ def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, 
         if array in takes and takes[array].default is inspect.Parameter.empty and kwargs.get(array) is None:
             raise invalid(array, f"the {fam.program.gate_array_kinds[array]} of {fam.label} for the {model} network",
                           "None")
-    return cls(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
+    return build(cls, n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
