@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import cvxtransformer as ct
-from cvxtransformer.core.programs import gate_mask, sample_gates
+from cvxtransformer.core.attention import AttentionHeads, gate_mask, sample_gates
 from cvxtransformer.core.mhsa import MHSAHeads
-from cvxtransformer.core.reductions import AttentionHeads
 from cvxtransformer.datasets import student_teacher
 
 N, n, d, c, H = 60, 4, 3, 2, 3

@@ -10,8 +10,7 @@ from cvxtransformer import solvers
 from cvxtransformer.core import contracts, registry
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.losses import LOSSES, LogisticLoss, register_loss
-from cvxtransformer.core.programs import AttentionProgram
-from cvxtransformer.core.reductions import Proposition1
+from cvxtransformer.core.attention import AttentionProgram, Proposition1
 from cvxtransformer.core.regularizers import GroupLasso
 
 
@@ -214,8 +213,7 @@ def test_the_family_modules_exports_are_the_packages():
     public = set(cvxtransformer.__all__)
     for module in registry.MODULES:
         names = getattr(importlib.import_module(module), "__all__", ())
-        if module != "cvxtransformer.core.reductions":  # the generic module; the family modules export
-            assert names and module not in source
+        assert names and module not in source
         for name in names:
             assert getattr(cvxtransformer, name) is getattr(importlib.import_module(module), name)
             assert name in public and name in dir(cvxtransformer)

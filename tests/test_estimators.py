@@ -374,8 +374,7 @@ def test_the_families_estimators_are_built_from_the_registry(monkeypatch):
     import pickle
 
     from cvxtransformer.core import registry
-    from cvxtransformer.core.programs import AttentionProgram
-    from cvxtransformer.core.reductions import Proposition1
+    from cvxtransformer.core.attention import AttentionProgram, Proposition1
 
     fams = registry.families()
     assert sorted(registry.estimator_names()) == sorted(

@@ -35,7 +35,7 @@ def attention_problem(problem, number, gates=8, gate_seed=0):
     a pair ``(U1, U2)`` of shapes (h, n) and (h, d).
     """
     from ..core.problem import ConvexProblem
-    from ..core.programs import AttentionProgram, sample_gates
+    from ..core.attention import AttentionProgram, sample_gates
     from ..core.validation import check_array, check_int
 
     program = problem.program

@@ -25,7 +25,7 @@ from .errors import invalid
 # here too, so that the command line's help lists them without importing the modules (a test checks that
 # the modules register exactly these)
 MODULES = {
-    "cvxtransformer.core.reductions": {
+    "cvxtransformer.core.attention": {
         8: "attention-only, scalar output", 10: "attention-only, c outputs",
         12: "attention + gated-ReLU FCN (group lasso)"},
     "cvxtransformer.core.mhsa": {"mhsa": "linear multi-head self-attention (nuclear norm)"},

@@ -50,8 +50,7 @@ import torch
 
 from ..core.errors import invalid
 from ..core.losses import get_loss, project_rows_to_simplex
-from ..core.programs import gate_mask
-from ..core.reductions import AttentionHeads, Proposition1
+from ..core.attention import AttentionHeads, Proposition1, gate_mask
 from ..core.validation import check_array, check_int
 
 def _tensor(a, dtype, device):
@@ -193,7 +192,7 @@ class AlternativeAttention(Network):
         ``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` (``h = 1`` without gates): the
         network's output equals the program's ``forward(Z)``, and ``P(Z) <=`` the network's
         objective (the group norms are at most ``||w_2j|| ||w_3j||_1``), hence the bound
-        (:meth:`cvxtransformer.core.reductions.Proposition1.coefficients`, in the program's shape).
+        (:meth:`cvxtransformer.core.attention.Proposition1.coefficients`, in the program's shape).
         """
         w = self.to_weights()
         h = 1 if w.gate is None else self.U1.shape[0]
@@ -204,7 +203,7 @@ class GatedAttention(AlternativeAttention):
     """Gated-ReLU network (11): the heads of (9), each multiplied by its gate.
 
     ``yhat_i = sum_j M_i,gate(j) (w_1j^T X_i w_2j) w_3j`` with
-    ``M_ig = 1[u_1g^T X_i u_2g >= 0]`` (:func:`cvxtransformer.core.programs.gate_mask`, the mask of
+    ``M_ig = 1[u_1g^T X_i u_2g >= 0]`` (:func:`cvxtransformer.core.attention.gate_mask`, the mask of
     program (12)). ``U1`` (h, n), ``U2`` (h, d): the gate vectors of program (12);
     ``gate`` (m,) ints in [0, h): each head's gate (default ``j mod h``).
     """
