@@ -65,7 +65,7 @@ def example(steps, quick):
     result = ct.solve(problem, "clarabel", tol=1e-9, refine=True)
     c_ = result.certificate
     heads = ct.recover_weights(problem, result.Z)
-    from cvxtransformer.nn.networks import GatedMHSA
+    from cvxtransformer.nn.mhsa import GatedMHSA
 
     net = GatedMHSA.from_weights(heads, problem.program.H, n)
     torch_value = net.objective(net.encode_inputs(X), problem.T, problem.loss, problem.beta).item()
@@ -147,7 +147,7 @@ def timing(quick):
 
 # ----------------------------------------------------------------------------- 3. relu
 def relu(steps, quick):
-    from cvxtransformer.nn.networks import ReluMHSA
+    from cvxtransformer.nn.mhsa import ReluMHSA
     from cvxtransformer.nn.trainer import train
 
     N, n, d, c = (100, 5, 3, 2) if quick else (200, 6, 4, 2)

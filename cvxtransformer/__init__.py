@@ -32,35 +32,45 @@ if not _os.path.isdir(_os.path.join(__path__[0], "solvers")) and \
         _os.path.isfile(_os.path.join(_CHECKOUT, "solvers", "__init__.py")):
     __path__.append(_CHECKOUT)
 
+# the generic modules' exports; each program family's module (registry.MODULES) exports its own ``__all__``,
+# and the estimators their classes of each family, found on first use (_family_exports)
 _EXPORTS = {
     "cvxtransformer.core.errors": ("CvxTransformerError", "InvalidInputError", "MissingDependencyError", "SolverError"),
     "cvxtransformer.core.losses": ("CrossEntropyLoss", "LogisticLoss", "Loss", "SquaredLoss", "get_loss"),
     "cvxtransformer.core.regularizers": ("GroupLasso", "NuclearNorm", "Regularizer"),
-    "cvxtransformer.core.programs": ("AttentionProgram", "gate_mask", "sample_gates"),
-    "cvxtransformer.core.mhsa": ("LinearMHSAProgram",),
-    "cvxtransformer.core.gated_mhsa": ("GatedMHSAProgram", "attention_masks", "sample_gate_matrices"),
-    "cvxtransformer.core.mixer": ("MixerProgram", "MixerReduction", "MixerUnits", "channel_gates", "sample_gate_vectors"),
     "cvxtransformer.core.problem": ("ConvexProblem", "make_problem"),
     "cvxtransformer.core.certificate": ("Certificate", "dual_feasible_point", "kkt_residuals"),
-    "cvxtransformer.core.reductions": ("AttentionHeads", "GatedMHSAHeads", "GatedMHSAReduction", "LinearMHSAReduction",
-                                       "MHSAHeads", "Proposition1",
-                                       "nonconvex_objective", "recover_weights"),
+    "cvxtransformer.core.reductions": ("nonconvex_objective", "recover_weights"),
     "cvxtransformer.core.result": ("SolveResult",),
     "cvxtransformer.solving": ("choose_solver", "solve"),
     "cvxtransformer.verify": ("NetworkCertificate", "certify", "certify_network"),
     "cvxtransformer.path": ("PathPoint", "beta_grid", "solve_path"),
     "cvxtransformer.comparison": ("Comparison", "compare"),
     "cvxtransformer.estimators": ("AttentionClassifier", "AttentionRegressor", "ConvexClassifier", "ConvexRegressor",
-                                  "GatedMHSAClassifier", "GatedMHSARegressor", "MHSAClassifier", "MHSARegressor",
-                                  "MixerClassifier", "MixerRegressor", "TokenStandardScaler"),
+                                  "TokenStandardScaler"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
-__all__ = sorted(_WHERE)
+
+def _family_exports():
+    """Name -> module of what the program families export: each built-in family module's ``__all__`` and
+    the estimators of every registered family that declares some (imports the family modules, not
+    scikit-learn)."""
+    from .core.registry import MODULES, estimator_names
+
+    where = {}
+    for module in MODULES:
+        where.update(dict.fromkeys(getattr(_importlib.import_module(module), "__all__", ()), module))
+    where.update(dict.fromkeys(estimator_names(), "cvxtransformer.estimators"))
+    return where
 
 
 def __getattr__(name):
+    if name == "__all__":  # every public name (imports the family modules)
+        return sorted(set(_WHERE) | set(_family_exports()))
     module = _WHERE.get(name)
+    if module is None and not name.startswith("_"):
+        module = _family_exports().get(name)
     if module is None:
         raise AttributeError(f"module 'cvxtransformer' has no attribute {name!r}")
     value = getattr(_importlib.import_module(module), name)
@@ -70,4 +80,5 @@ def __getattr__(name):
 
 def __dir__():
     """The public names: the exports, ``__version__`` and the submodules loaded so far (no helpers)."""
-    return sorted({name for name in globals() if not name.startswith("_")} | set(__all__) | {"__version__"})
+    return sorted({name for name in globals() if not name.startswith("_")} | set(__getattr__("__all__"))
+                  | {"__version__"})

@@ -3,14 +3,15 @@ offer for the lasso.
 
 * :class:`AttentionRegressor`, :class:`AttentionClassifier`: the group-lasso attention programs
   (8), (10) and (12) (Ergen et al.);
-* :class:`MHSARegressor`, :class:`MHSAClassifier`: the nuclear-norm program of linear multi-head
-  self-attention (program (6) of Sahiner et al., ``"mhsa"``);
-* :class:`GatedMHSARegressor`, :class:`GatedMHSAClassifier`: the gated-ReLU multi-head self-attention
-  program (a nuclear norm per gate, ``"gated_mhsa"``);
-* :class:`MixerRegressor`, :class:`MixerClassifier`: the gated-ReLU token-mixing program (``"mixer"``);
+* ``<prefix>Regressor``, ``<prefix>Classifier`` for every registered family that declares an estimator
+  prefix (``Family.estimator``, :mod:`cvxtransformer.core.registry`), e.g. :class:`MHSARegressor` (the
+  nuclear-norm program of linear multi-head self-attention), :class:`GatedMHSARegressor`,
+  :class:`MixerRegressor`: built from the registry on first use (``dir()`` and ``__all__`` list them);
+  their parameters are the gates' (``gates``, ``gate_seed``) for a family with gates, else none but
+  those every estimator takes;
 * :class:`ConvexRegressor`, :class:`ConvexClassifier`: any registered program family, named by
-  ``program`` (:mod:`cvxtransformer.core.registry`); the classes above are these with the program fixed
-  (or, for the attention programs, restricted to (8), (10), (12)) and their own defaults.
+  ``program``; the classes above are these with the program fixed (or, for the attention programs,
+  restricted to (8), (10), (12)) and their own defaults.
 
 ``X`` is 3-d, ``(N, n, d)``: N sequences of n tokens of dimension d (docs/conventions.md). The
 losses are summed over samples, so ``beta`` grows with N; ``beta_frac`` (beta as a fraction of
@@ -33,6 +34,7 @@ Example
 >>> model.coef_.shape, model.certificate_.certified, bool(model.score(X[30:], y[30:]) > 0.9)
 ((4, 3), True, True)
 """
+import textwrap
 import warnings
 
 import numpy as np
@@ -54,9 +56,8 @@ from .core.problem import make_problem, parse_program
 from .core.validation import check_array, check_choice, check_int, check_tol
 from .solving import solve
 
-__all__ = ["AttentionClassifier", "AttentionRegressor", "ConvexClassifier", "ConvexRegressor", "GatedMHSAClassifier",
-           "GatedMHSARegressor", "MHSAClassifier", "MHSARegressor", "MixerClassifier", "MixerRegressor",
-           "TokenStandardScaler"]
+# the public classes defined here; the families' classes are added on demand (module __getattr__, __dir__)
+_DEFINED = ["AttentionClassifier", "AttentionRegressor", "ConvexClassifier", "ConvexRegressor", "TokenStandardScaler"]
 
 
 class _ConvexEstimator(BaseEstimator):
@@ -70,6 +71,7 @@ class _ConvexEstimator(BaseEstimator):
         program = parse_program(self.program)  # a registered family, or an error naming ``program``
         if self._programs is not None and program not in self._programs:
             *first, last = map(str, self._programs)
+            _family_classes()  # build the families' classes, so that they are found below
             takers = [cls.__name__ for cls in _subclasses(_ConvexEstimator)  # this module's (not users' subclasses)
                       if cls.__module__ == __name__ and cls._programs is not None and program in cls._programs]
             raise invalid("program", f"{', '.join(first)} or {last}", repr(program),
@@ -163,7 +165,7 @@ class _Regressor(RegressorMixin, _ConvexEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.target_tags.multi_output = str(getattr(self, "program", "mhsa")) != "8"  # (8): scalar output
+        tags.target_tags.multi_output = str(getattr(self, "program", None)) != "8"  # (8): scalar output
         return tags
 
 
@@ -239,8 +241,8 @@ _GATES = """\
 _ATTRIBUTES = """
     Attributes
     ----------
-    coef_ : ndarray, Z in the program's shape: (n, d) for (8), (c, n, d) for (10), (h, c, n, d) for
-        (12), (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa", (P, n_out, n) for "mixer"
+    coef_ : ndarray, Z in the program's shape (``problem_.program.shape``): (n, d) for (8), (c, n, d)
+        for (10), (h, c, n, d) for (12); each family's is in its program's documentation
     certificate_ : Certificate recomputed by the verifier (relative gap, KKT residuals, heads...)
     dual_gap_ : float, the duality gap P(Z) - D(V) of the certificate
     n_iter_ : int, the solver's iterations (0 when beta >= beta_max: Z = 0 without a solve)
@@ -257,8 +259,9 @@ class ConvexRegressor(_Regressor):
 
     Parameters
     ----------
-    program : a registered program's name (8, 10, 12, "mhsa", "gated_mhsa", "mixer" or one registered by
-        :func:`cvxtransformer.core.registry.register`); targets as :func:`cvxtransformer.make_problem` takes
+    program : a registered program's name (8, 10, 12, a built-in family's name or one registered by
+        :func:`cvxtransformer.core.registry.register`; ``ct.core.registry.families()`` lists them); targets as
+        :func:`cvxtransformer.make_problem` takes
 """ + _PARAMETERS + _GATES + _ATTRIBUTES
 
     def __init__(self, program=10, beta=None, beta_frac=None, gates=8, gate_seed=0, solver="auto", tol=1e-6,
@@ -306,31 +309,15 @@ class AttentionClassifier(ConvexClassifier):
     _programs = (8, 10, 12)
 
 
-class MHSARegressor(ConvexRegressor):
-    __doc__ = """Nuclear-norm program of linear multi-head self-attention (``"mhsa"``), squared loss.
-
-    Targets (N, n, c) are per token; (N,) and (N, c) are per sequence (mean-pooled output). New X
-    may have another number of tokens n.
-
-    Parameters
-    ----------
-""" + _PARAMETERS + _ATTRIBUTES
-    _programs = ("mhsa",)
+class _PlainRegressor(ConvexRegressor):
+    """A regressor of one family without gates (``_programs``): no ``program`` or gate parameters."""
 
     def __init__(self, beta=None, beta_frac=None, solver="auto", tol=1e-6, refine="auto"):
         self.beta, self.beta_frac, self.solver, self.tol, self.refine = beta, beta_frac, solver, tol, refine
 
 
-class MHSAClassifier(ConvexClassifier):
-    __doc__ = """Nuclear-norm program of linear multi-head self-attention (``"mhsa"``), logistic or
-    cross-entropy loss on the mean-pooled output.
-
-    Parameters
-    ----------
-    loss : {"cross_entropy", "logistic"} (logistic: two classes)
-""" + _PARAMETERS + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
-"""
-    _programs = ("mhsa",)
+class _PlainClassifier(ConvexClassifier):
+    """A classifier of one family without gates (``_programs``): no ``program`` or gate parameters."""
 
     def __init__(self, loss="cross_entropy", beta=None, beta_frac=None, solver="auto", tol=1e-6, refine="auto"):
         self.loss, self.beta, self.beta_frac, self.solver, self.tol, self.refine = \
@@ -354,64 +341,65 @@ class _GatedClassifier(ConvexClassifier):
         self.solver, self.tol, self.refine = solver, tol, refine
 
 
-_GATE_MATRICES = """\
-    gates : int >= 1, number P of gate matrices H (P, d, d), sampled in ``fit``
-    gate_seed : int, seed of the gate matrices
-"""
+_BASES = {("Regressor", False): _PlainRegressor, ("Classifier", False): _PlainClassifier,
+          ("Regressor", True): _GatedRegressor, ("Classifier", True): _GatedClassifier}
 
 
-class GatedMHSARegressor(_GatedRegressor):
-    __doc__ = """Gated-ReLU multi-head self-attention program (``"gated_mhsa"``: a nuclear norm per gate), squared loss.
+def _family_estimators():
+    """Class name -> (family, "Regressor" or "Classifier") for every registered family that declares an
+    estimator prefix (``Family.estimator``)."""
+    from .core.registry import families
 
-    Targets (N, n, c) are per token; (N,) and (N, c) are per sequence (mean-pooled output). New X
-    may have another number of tokens n.
-
-    Parameters
-    ----------
-""" + _GATE_MATRICES + _PARAMETERS + _ATTRIBUTES
-    _programs = ("gated_mhsa",)
+    return {f"{fam.estimator[0]}{role}": (fam, role) for fam in families().values() if fam.estimator
+            for role in ("Regressor", "Classifier")}
 
 
-class GatedMHSAClassifier(_GatedClassifier):
-    __doc__ = """Gated-ReLU multi-head self-attention program (``"gated_mhsa"``), logistic or cross-entropy
-    loss on the mean-pooled output.
+def _family_class(name, fam, role):
+    """The estimator class ``name`` of a family, built once and kept in this module (so that pickle and
+    scikit-learn's ``clone`` find it by its ``__module__`` and ``__qualname__``)."""
+    if name in globals():
+        return globals()[name]
+    prefix, title, targets = fam.estimator
+    gated = "gates" in fam.options
+    program = f'``"{fam.name}"``' if isinstance(fam.name, str) else f"({fam.name})"
+    if role == "Regressor":
+        head = textwrap.fill(f"{title} ({program}), squared loss.", 108, subsequent_indent="    ")
+        if targets:
+            head += "\n\n" + textwrap.fill(targets, 108, initial_indent="    ", subsequent_indent="    ")
+        params = ""
+    else:
+        head = textwrap.fill(f"{title} ({program}), logistic or cross-entropy loss on the pooled output.", 108,
+                             subsequent_indent="    ")
+        params = '    loss : {"cross_entropy", "logistic"} (logistic: two classes)\n'
+    if gated:
+        arrays = " and ".join(f"{fam.program.gate_array_kinds[k]} {k}" for k in fam.gate_arrays) or "gates"
+        params += (f"    gates : int >= 1, number P of {arrays}, sampled in ``fit``\n"
+                   f"    gate_seed : int, seed of the {arrays}\n")
+    doc = f"{head}\n\n    Parameters\n    ----------\n" + params + _PARAMETERS + _ATTRIBUTES
+    if role == "Classifier":
+        doc += "    classes_ : ndarray, the labels seen in ``fit``, sorted\n"
+    cls = type(name, (_BASES[role, gated],), {"__doc__": doc, "__module__": __name__, "__qualname__": name,
+                                              "_programs": (fam.name,)})
+    globals()[name] = cls
+    return cls
 
-    Parameters
-    ----------
-    loss : {"cross_entropy", "logistic"} (logistic: two classes)
-""" + _GATE_MATRICES + _PARAMETERS + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
-"""
-    _programs = ("gated_mhsa",)
+
+def _family_classes():
+    """Every registered family's estimator classes, built (name -> class)."""
+    return {name: _family_class(name, *found) for name, found in _family_estimators().items()}
 
 
-_GATE_VECTORS = """\
-    gates : int >= 1, number P of token gate vectors G (P, n), sampled in ``fit``
-    gate_seed : int, seed of the gate vectors
-"""
+def __getattr__(name):
+    if name == "__all__":
+        return sorted(_DEFINED + list(_family_estimators()))
+    found = None if name.startswith("_") else _family_estimators().get(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _family_class(name, *found)
 
 
-class MixerRegressor(_GatedRegressor):
-    __doc__ = """Gated-ReLU token-mixing program (``"mixer"``, the MLP-Mixer layer: a nuclear norm per gate),
-    squared loss.
-
-    Targets (N, n_out, d) are per channel; (N,) and (N, c) are pooled outputs (docs/mixer.md).
-
-    Parameters
-    ----------
-""" + _GATE_VECTORS + _PARAMETERS + _ATTRIBUTES
-    _programs = ("mixer",)
-
-
-class MixerClassifier(_GatedClassifier):
-    __doc__ = """Gated-ReLU token-mixing program (``"mixer"``), logistic or cross-entropy loss on the pooled
-    output.
-
-    Parameters
-    ----------
-    loss : {"cross_entropy", "logistic"} (logistic: two classes)
-""" + _GATE_VECTORS + _PARAMETERS + _ATTRIBUTES + """    classes_ : ndarray, the labels seen in ``fit``, sorted
-"""
-    _programs = ("mixer",)
+def __dir__():
+    return sorted(set(globals()) | set(_family_estimators()))
 
 
 class TokenStandardScaler(TransformerMixin, BaseEstimator):

@@ -251,12 +251,12 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     problem : ConvexProblem whose program bounds the network's family: (8) or (10) for the alternative
         attention network (9), (12) for the gated-ReLU network (11) (on the network's gates U1, U2),
         "mhsa" for linear multi-head self-attention (5); on the network's training data and beta
-    network : :class:`~cvxtransformer.core.reductions.AttentionHeads` (``W1`` (m, n) attention rows on
+    network : :class:`~cvxtransformer.core.attention.AttentionHeads` (``W1`` (m, n) attention rows on
         the simplex, ``W2`` (m, d), ``W3`` (m, c), ``gate`` (m,) for (11)), a dict of those arrays,
-        :class:`~cvxtransformer.core.reductions.MHSAHeads` (``W1`` (m, d, d), ``W2`` (m, d, c)) or its
-        dict, :class:`~cvxtransformer.core.reductions.GatedMHSAHeads` (``W1``, ``W2`` and ``gate`` (m,),
+        :class:`~cvxtransformer.core.mhsa.MHSAHeads` (``W1`` (m, d, d), ``W2`` (m, d, c)) or its
+        dict, :class:`~cvxtransformer.core.gated_mhsa.GatedMHSAHeads` (``W1``, ``W2`` and ``gate`` (m,),
         e.g. from ``recover_weights`` of the gated MHSA program) or its dict, or a network of
-        :mod:`cvxtransformer.nn.networks`. ``form``: "balanced" (every family) or "lemma1" (heads of
+        :mod:`cvxtransformer.nn`. ``form``: "balanced" (every family) or "lemma1" (heads of
         (9)/(11), whose value vectors are normalised first: see ``Proposition1.objective``); any
         other is refused. Softmax attention (3) is refused:
         the bound does not cover it (its attention depends on the input).
@@ -283,7 +283,7 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     Example
     -------
     >>> import numpy as np, cvxtransformer as ct
-    >>> from cvxtransformer.core.reductions import AttentionHeads
+    >>> from cvxtransformer.core.attention import AttentionHeads
     >>> X = np.random.default_rng(0).standard_normal((30, 4, 3))
     >>> P = ct.make_problem(X, X[:, 1, :2], program=10, beta=1.0)
     >>> heads = AttentionHeads(W1=np.full((2, 4), 0.25), W2=np.ones((2, 3)), W3=np.eye(2))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import cvxtransformer as ct
-from cvxtransformer.core.programs import gate_mask, sample_gates
-from cvxtransformer.core.reductions import AttentionHeads, MHSAHeads
+from cvxtransformer.core.attention import AttentionHeads, gate_mask, sample_gates
+from cvxtransformer.core.mhsa import MHSAHeads
 from cvxtransformer.datasets import student_teacher
 
 N, n, d, c, H = 60, 4, 3, 2, 3
@@ -123,7 +123,8 @@ def test_network_5_trained_in_plain_torch(data):
 
 
 def test_the_package_modules_certify_as_their_weights(data):
-    from cvxtransformer.nn.networks import LinearMHSA, SoftmaxAttention
+    from cvxtransformer.nn.mhsa import LinearMHSA
+    from cvxtransformer.nn.networks import SoftmaxAttention
     from cvxtransformer.nn.trainer import train
 
     X, Y = data
@@ -248,7 +249,7 @@ def gated_mhsa_by_hand(X, W1, W2, gate, Hg):
 
 
 def test_issue33_gated_mhsa_heads_are_certified(data):
-    from cvxtransformer.nn.networks import GatedMHSA
+    from cvxtransformer.nn.mhsa import GatedMHSA
 
     X, _ = data
     Y = X[:, :, :c] @ np.array([[1.0, 0.5], [-0.5, 1.0]]) + 0.1 * np.roll(X[:, :, :c], 1, axis=1)

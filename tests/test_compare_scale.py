@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from cvxtransformer.core.reductions import GatedMHSAReduction, Proposition1
+from cvxtransformer.core.attention import Proposition1
+from cvxtransformer.core.gated_mhsa import GatedMHSAReduction
 from cvxtransformer.nn.networks import AlternativeAttention
 from cvxtransformer.nn.trainer import sample_bytes
 

@@ -10,8 +10,7 @@ from cvxtransformer import solvers
 from cvxtransformer.core import contracts, registry
 from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.losses import LOSSES, LogisticLoss, register_loss
-from cvxtransformer.core.programs import AttentionProgram
-from cvxtransformer.core.reductions import Proposition1
+from cvxtransformer.core.attention import AttentionProgram, Proposition1
 from cvxtransformer.core.regularizers import GroupLasso
 
 
@@ -200,3 +199,22 @@ def test_testing_cases_are_the_families_declared_cases(monkeypatch):
     with pytest.raises(InvalidInputError, match=r"^cases: expected .* a loss of \('squared',\), got \('logistic'"):
         registry.register("toy", AttentionProgram, Proposition1, ("squared",), cases=(("logistic", "binary"),))
     assert "toy" not in registry.families()
+
+
+def test_the_family_modules_exports_are_the_packages():
+    """``cvxtransformer`` names no family module: ``ct.X`` finds each built-in family module's ``__all__``
+    (the modules of registry.MODULES), and ``ct.__all__``/``dir(ct)`` list them."""
+    import importlib
+
+    import cvxtransformer
+
+    with open(cvxtransformer.__file__) as f:
+        source = f.read()
+    public = set(cvxtransformer.__all__)
+    for module in registry.MODULES:
+        names = getattr(importlib.import_module(module), "__all__", ())
+        assert names and module not in source
+        for name in names:
+            assert getattr(cvxtransformer, name) is getattr(importlib.import_module(module), name)
+            assert name in public and name in dir(cvxtransformer)
+    assert {"LinearMHSAProgram", "MHSAHeads", "GatedMHSAHeads", "attention_masks", "MixerProgram"} <= public

@@ -368,6 +368,46 @@ def test_exported_lazily():
         assert getattr(ct, name) is getattr(estimators, name) and name in ct.__all__
 
 
+def test_the_families_estimators_are_built_from_the_registry(monkeypatch):
+    """Each family's ``<prefix>Regressor``/``<prefix>Classifier`` comes from its ``Family.estimator``: one class,
+    kept in the module (pickle and clone find it by name), with the gated or the plain parameters."""
+    import pickle
+
+    from cvxtransformer.core import registry
+    from cvxtransformer.core.attention import AttentionProgram, Proposition1
+
+    fams = registry.families()
+    assert sorted(registry.estimator_names()) == sorted(
+        f"{p}{r}" for p in ("MHSA", "GatedMHSA", "Mixer") for r in ("Regressor", "Classifier"))
+    for name in registry.estimator_names():
+        cls = getattr(estimators, name)
+        assert cls.__module__ == "cvxtransformer.estimators" and cls.__qualname__ == name and name in dir(estimators)
+        assert pickle.loads(pickle.dumps(cls)) is cls and cls._programs[0] in fams
+        gated = "gates" in fams[cls._programs[0]].options
+        assert ("gates" in cls().get_params()) == gated == ("gate_seed : int" in cls.__doc__)
+        assert ("loss" in cls().get_params()) == name.endswith("Classifier")
+    X = np.random.default_rng(0).standard_normal((12, 3, 2))
+    fitted = MixerRegressor(gates=2, beta_frac=0.2).fit(X, X[:, :1, :])
+    copy = pickle.loads(pickle.dumps(fitted))
+    assert type(copy) is MixerRegressor and type(clone(fitted)) is MixerRegressor
+    np.testing.assert_array_equal(copy.predict(X), fitted.predict(X))
+    # a family registered by a user gets its estimators the same way
+    monkeypatch.setattr(registry, "_FAMILIES", dict(fams))
+    with pytest.raises(InvalidInputError, match=r"^estimator: expected \(prefix, title\) or"):
+        registry.register("toy", AttentionProgram, Proposition1, ("squared",), estimator=("not a name", "Toy"))
+    registry.register("toy", AttentionProgram, Proposition1, ("squared", "logistic"), estimator=("Toy", "Toy program"))
+    try:
+        toy = estimators.ToyRegressor
+        assert toy._programs == ("toy",) and toy.__doc__.startswith('Toy program (``"toy"``), squared loss.')
+        assert set(toy().get_params()) == {"beta", "beta_frac", "solver", "tol", "refine"}
+        assert "ToyClassifier" in estimators.__all__ and "ToyRegressor" in dir(estimators)
+    finally:
+        for name in ("ToyRegressor", "ToyClassifier"):
+            estimators.__dict__.pop(name, None)
+    with pytest.raises(AttributeError, match="has no attribute 'NopeRegressor'"):
+        estimators.NopeRegressor
+
+
 # ----------------------------------------------------------------------------- scikit-learn's checks
 # The estimators declare 3-d X (tags: two_d_array=False, three_d_array=True), so check_estimator
 # runs no check on them directly (it warns that it cannot). Below: (1) the checks that need no

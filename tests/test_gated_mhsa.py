@@ -12,8 +12,8 @@ import torch
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main
-from cvxtransformer.core.reductions import GatedMHSAHeads, GatedMHSAReduction
-from cvxtransformer.nn.networks import GatedMHSA, ReluMHSA
+from cvxtransformer.core.gated_mhsa import GatedMHSAHeads, GatedMHSAReduction
+from cvxtransformer.nn.mhsa import GatedMHSA, ReluMHSA
 from cvxtransformer.testing import check_training_against_bound
 
 from conftest import GATED_MHSA_CASES, case_id, random_problem, run_doc_examples

@@ -12,7 +12,7 @@ import torch
 
 from cvxtransformer.cli import build_parser, main
 from cvxtransformer.core.problem import make_problem
-from cvxtransformer.core.programs import AttentionProgram
+from cvxtransformer.core.attention import AttentionProgram
 from cvxtransformer.experiments import gate_solves, plots
 from cvxtransformer.experiments.config import config_from_args
 from cvxtransformer.experiments.runner import RunConfig, load_task, run

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import cvxtransformer as ct
-from cvxtransformer.core.programs import (AttentionOperator, AttentionProgram, TokenOperator, gate_mask,
-                                          one_hot_tokens, sample_gates)
+from cvxtransformer.core.attention import (AttentionOperator, AttentionProgram, TokenOperator, gate_mask,
+                                           one_hot_tokens, sample_gates)
 from cvxtransformer.datasets.algorithmic import READINGS, division_table, modular_division
 from cvxtransformer.experiments.gate_solves import operand_evidence
 from cvxtransformer.nn.deep import ReLUNetwork

@@ -3,6 +3,7 @@ backends -> core. Each layer is imported, and used, in a fresh interpreter in wh
 above it is unimportable; the test fails if any of them is needed."""
 import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -207,3 +208,76 @@ def test_no_file_imports_the_top_level_solvers_folder():
                 found += [f"{path.relative_to(ROOT)}:{node.lineno}" for name in names
                           if name == "solvers" or name.startswith("solvers.")]
     assert not found, found
+
+
+# ----------------------------------------------------------------------------- a family is one module (issue #35)
+def family_name_files(name, others=(), roots=(ROOT / "cvxtransformer", ROOT / "solvers")):
+    """The library files (paths relative to the roots' parent) that name the family ``name`` outside
+    docstrings: in a string, an identifier, a function or class name, an attribute or an import, as a word
+    between non-letters, any case (``linear_mhsa_model`` and "MHSA program" name ``mhsa``; ``LinearMHSA``
+    does not). The names ``others`` (other families' names that contain ``name``) are blanked first, so
+    that ``gated_mhsa`` does not name ``mhsa``."""
+    pattern = re.compile(rf"(?<![a-z]){re.escape(name)}(?![a-z])", re.I)
+    longer = [re.compile(re.escape(o), re.I) for o in others if name in o and o != name]
+    found = set()
+    for root in roots:
+        for path in root.rglob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                          if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                          and node.body and isinstance(node.body[0], ast.Expr)
+                          and isinstance(node.body[0].value, ast.Constant)}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                    text = node.value
+                elif isinstance(node, ast.Name):
+                    text = node.id
+                elif isinstance(node, ast.Attribute):
+                    text = node.attr
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    text = node.name
+                elif isinstance(node, ast.alias):
+                    text = f"{node.name} {node.asname or ''}"
+                elif isinstance(node, ast.ImportFrom):
+                    text = node.module or ""
+                else:
+                    continue
+                for other in longer:
+                    text = other.sub(" ", text)
+                if pattern.search(text):
+                    found.add(path.relative_to(root.parent).as_posix())
+                    break
+    return found
+
+
+def test_family_name_files_counts_names_not_docstrings(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "doc.py").write_text('"""the toy family, named in docstrings only"""\ndef f():\n    """toy"""\n')
+    (pkg / "string.py").write_text('X = ("a " "TOY program")\n')
+    (pkg / "ident.py").write_text("def toy_model():\n    return obj.toy\n")
+    (pkg / "alias.py").write_text("from .toy import A as B\n")
+    (pkg / "longer.py").write_text('Y = "gated_toy"; Toyish = 1; MyToyX = 2\n')
+    files = family_name_files("toy", others=("toy", "gated_toy"), roots=(pkg,))
+    assert files == {"pkg/string.py", "pkg/ident.py", "pkg/alias.py"}
+    assert family_name_files("gated_toy", others=("toy",), roots=(pkg,)) == {"pkg/longer.py"}
+
+
+def test_a_family_is_named_in_at_most_three_library_files():
+    """Generic code never names a family: a built-in family's name appears (outside docstrings) in its core
+    module, its network module and the registry's static MODULES, at most 3 library files. A family module
+    built on another family's module (core/gated_mhsa.py imports core/mhsa.py) is not generic code: it may
+    name the family it depends on."""
+    from cvxtransformer.core.registry import MODULES
+
+    graph = import_graph()
+    names = [n for listed in MODULES.values() for n in listed if isinstance(n, str)]
+    assert names, "no built-in family has a string name"
+    for module, listed in MODULES.items():
+        for name in (n for n in listed if isinstance(n, str)):
+            files = family_name_files(name, others=names)
+            own = module.replace(".", "/") + ".py"
+            assert {own, "cvxtransformer/core/registry.py"} <= files, (name, sorted(files))
+            dependents = {m.replace(".", "/") + ".py" for m in MODULES if m != module and module in graph[m]}
+            generic = files - dependents
+            assert len(generic) <= 3, f"the family {name!r} is named in {sorted(generic)}"

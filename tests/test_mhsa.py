@@ -11,8 +11,8 @@ import torch
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main
-from cvxtransformer.core.reductions import LinearMHSAReduction
-from cvxtransformer.nn.networks import LinearMHSA
+from cvxtransformer.core.mhsa import LinearMHSAReduction
+from cvxtransformer.nn.mhsa import LinearMHSA
 from cvxtransformer.nn.trainer import train
 
 from conftest import MHSA_CASES, case_id, random_problem

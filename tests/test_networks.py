@@ -164,3 +164,32 @@ def test_errors_name_the_argument():
                                  np.ones((1, 2, 2)))
     with pytest.raises(ct.InvalidInputError, match="weights.gate"):
         GatedAttention.from_weights(weights, np.ones((1, 2)), np.ones((1, 2)))
+
+
+def test_build_network_builds_the_networks_the_families_declare():
+    """Besides the attention models, build_network builds what the families' ``models`` declare (``network``):
+    the same network as the class called directly, the family's gate arrays passed by name, others ignored."""
+    from cvxtransformer.core.registry import families
+    from cvxtransformer.nn.mhsa import GatedMHSA, LinearMHSA
+    from cvxtransformer.nn.mixer import GatedMixer
+
+    rng = np.random.default_rng(0)
+    H, G = rng.standard_normal((2, 3, 3)), rng.standard_normal((2, 4))
+    declared = {m for f in families().values() for m, spec in f.reduction.models.items() if spec.get("network")}
+    assert {"linear_mhsa", "gated_mhsa", "relu_mhsa", "mixer", "relu_mixer"} <= declared
+    for model, expected in (("linear_mhsa", LinearMHSA(4, 3, 2, 3, pooled=True, seed=5)),
+                            ("gated_mhsa", GatedMHSA(4, 3, 2, 3, H, pooled=True, seed=5)),
+                            ("mixer", GatedMixer(4, 3, 2, 3, G, pooled=True, seed=5))):
+        net = build_network(model, 4, 3, 2, heads=3, seed=5, H=H, G=G, U1=np.ones((1, 4)), U2=np.ones((1, 3)))
+        assert type(net) is type(expected) and net.pooled
+        for key, value in expected.arrays().items():
+            np.testing.assert_array_equal(net.arrays()[key], value)
+    per_token = build_network("linear_mhsa", 4, 3, 8, heads=1, sequence=True)
+    assert not per_token.pooled and per_token.c_token == 2
+    np.testing.assert_array_equal(build_network("gated_mhsa", 4, 3, 2, heads=1, H=H).H, H)
+    with pytest.raises(ct.InvalidInputError, match=r"^H: expected the gate matrices of gated-ReLU MHSA program for "
+                                                    r"the gated_mhsa network, got None"):
+        build_network("gated_mhsa", 4, 3, 2, heads=1)
+    with pytest.raises(ct.InvalidInputError, match=r"^model: expected one of \('alternative', 'gated', 'softmax', "
+                                                    r"'linear_mhsa', .*'relu_mixer'\), got 'transformer'"):
+        build_network("transformer", 2, 1, 1, heads=1)

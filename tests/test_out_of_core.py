@@ -15,7 +15,7 @@ from cvxtransformer.cli import main
 from cvxtransformer.core import data as data_module
 from cvxtransformer.core.data import StreamedRows, open_data, split_rows, storage
 from cvxtransformer.core.errors import InvalidInputError
-from cvxtransformer.core.programs import AttentionProgram, sample_gates
+from cvxtransformer.core.attention import AttentionProgram, sample_gates
 from cvxtransformer.core.mhsa import LinearMHSAProgram
 from cvxtransformer.testing import write_planted_folder
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import cvxtransformer as ct
-from cvxtransformer.core.programs import AttentionProgram
+from cvxtransformer.core.attention import AttentionProgram
 
 rng = np.random.default_rng(11)
 N, n, d, c, h = 9, 4, 3, 2, 5

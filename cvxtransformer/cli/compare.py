@@ -90,8 +90,8 @@ def configure(p):
     p.add_argument("--batch-size", type=positive_int, default=None, help="mini-batch size (default: full batch)")
     p.add_argument("--heads", default=None, metavar="M[,M2,...]",
                    help="heads of the networks, one count or several (default: the number of groups of the "
-                        "bounding program for (9)/(11), enough for any convex solution; for (5) and the MHSA "
-                        "networks, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates))")
+                        "bounding program for (9)/(11), enough for any convex solution; for the networks of a "
+                        "nuclear-norm family, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates))")
     p.add_argument("--gates", type=positive_int, default=8, metavar="H",
                    help="gates sampled when DATA has none of the program's gate arrays: h of program (12) and "
                         "network (11), P of a family with P gates")

@@ -35,7 +35,7 @@ def attention_problem(problem, number, gates=8, gate_seed=0):
     a pair ``(U1, U2)`` of shapes (h, n) and (h, d).
     """
     from ..core.problem import ConvexProblem
-    from ..core.programs import AttentionProgram, sample_gates
+    from ..core.attention import AttentionProgram, sample_gates
     from ..core.validation import check_array, check_int
 
     program = problem.program
@@ -77,7 +77,7 @@ def _groups(problem, solution):
 
 
 def _around_rank(problem, solution):
-    """For (5) and the gated MHSA networks: below, at and above rank(Z*) (summed over the gates), the
+    """For the networks of a nuclear-norm program: below, at and above rank(Z*) (summed over the gates), the
     number of heads the optimum needs."""
     r = solution.certificate.support_size
     return sorted({max(1, r - 1), max(1, r), max(1, 2 * r)})
@@ -114,7 +114,7 @@ class GatedHeads(int):
 
 
 def _per_gate_ranks(problem, solution):
-    """For the gated MHSA network: below, at and above ``sum_g rank(Z*_g)`` heads, placed on the gates
+    """For a network on fixed gates: below, at and above ``sum_g rank(Z*_g)`` heads, placed on the gates
     that need them: ``rank(Z*_g)`` heads on gate g (at), one fewer on the gate that needs the most
     (below), twice as many (above). Head counts given by the user are placed round robin instead."""
     import numpy as np

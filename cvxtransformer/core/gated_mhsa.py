@@ -15,6 +15,11 @@ program (6) with masks (:class:`~.mhsa.MHSAOperator`), its regulariser the same
 :class:`~.regularizers.NuclearNorm`, summed over the stack, and its CVXPY faces those of program (6)
 with a design of P d^3 columns (gate, k, a, l).
 
+:class:`GatedMHSAReduction` (Sahiner et al.): the gated-ReLU multi-head self-attention network
+``sum_j (D_g(j)(X) * (X W1j X^T)) X W2j`` <-> this program: the heads of each ``Z_g``, as for program
+(6), on gate g (:class:`GatedMHSAHeads`). This module registers the family; it is built on program
+(6)'s module (:mod:`cvxtransformer.core.mhsa`: operator, program, SVD heads), its one dependency on another family.
+
 Example
 -------
 >>> import numpy as np
@@ -28,12 +33,20 @@ Example
 >>> bool(np.allclose(p.forward(Z), ((D * (X @ W1 @ X.transpose(0, 2, 1))) @ X @ W2).reshape(4, 3)))
 True
 """
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from .arrays import to_tensor
-from .mhsa import LinearMHSAProgram, MHSAOperator
+from .errors import invalid
+from .mhsa import (TARGETS, LinearMHSAProgram, MHSAOperator, _mhsa_weights, _svd_heads, _weight_decay_objective,
+                   sum_gated_heads)
+from .reductions import ALL_LOSSES, Reduction
+from .registry import register
 from .validation import check_gate_arrays, check_gates_memory, check_int
+
+__all__ = ["GatedMHSAHeads", "GatedMHSAProgram", "GatedMHSAReduction", "attention_masks", "sample_gate_matrices"]
 
 
 def sample_gate_matrices(gates, d, seed=0):
@@ -158,3 +171,111 @@ class GatedMHSAProgram(LinearMHSAProgram):
         if not parts:
             return np.zeros((0, self.gates * self.d ** 3))
         return torch.cat(parts).numpy()
+
+
+@dataclass
+class GatedMHSAHeads:
+    """Heads of the gated-ReLU multi-head self-attention network.
+
+    W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c); gate : ndarray (m,) of ints,
+    each head's gate (an index into the program's ``H``).
+    ``f(X_i) = sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` (n x c), mean-pooled over tokens for
+    one target per sequence.
+    """
+
+    W1: np.ndarray
+    W2: np.ndarray
+    gate: np.ndarray
+    form: str = "balanced"
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+
+class GatedMHSAReduction(Reduction):
+    """Sahiner et al.'s gated-ReLU theorem: the gated MHSA network <-> the gated program, gate by gate.
+
+    For any heads, ``Z_g = sum_{j: gate(j) = g} u_j v_j^T`` (:meth:`coefficients`) gives the same outputs
+    and ``||Z_g||_* <= sum_j ||W1j|| ||W2j|| <= sum_j (||W1j||^2 + ||W2j||^2) / 2``; the SVD of each
+    ``Z_g`` gives heads that attain it (:meth:`invert`). So P(Z*) is the optimum of the network with
+    these gates once each gate g holds ``rank(Z*_g)`` heads (``sum_g rank(Z*_g)`` in all), and a lower
+    bound for any number of heads.
+    """
+    heads = GatedMHSAHeads
+
+    networks = {"gated_mhsa": "gated_mhsa"}
+    equations = {"gated_mhsa": "(gated MHSA)"}
+    models = {
+        "gated_mhsa": dict(equation="(gated MHSA)", build="cvxtransformer.nn.mhsa:gated_mhsa_model",
+                           network="cvxtransformer.nn.mhsa:GatedMHSA",
+                           heads="per_gate_ranks", default=True, colour="tab:blue"),
+        "relu_mhsa": dict(equation="(ReLU MHSA)", build="cvxtransformer.nn.mhsa:relu_mhsa_model",
+                          network="cvxtransformer.nn.mhsa:ReluMHSA",
+                          heads="around_rank", bounded=False, default=True, colour="tab:brown",
+                          note="the ReLU network has the gated network's heads and weight decay, but masks that "
+                               "move with W1: the gated program's optimum is no bound for it, and objective - "
+                               "convex optimum < 0 means it does better than any network on these fixed gates"),
+    }
+
+    @staticmethod
+    def invert(problem, Z, form="balanced"):
+        """``rank(Z_g)`` heads on each gate g from the SVD of ``Z_g``, balanced as for program (6)."""
+        GatedMHSAReduction.check_form(form)
+        p = problem.program
+        Z = np.asarray(Z, dtype=float)
+        ranks = problem.regularizer.ranks(Z)
+        heads = [_svd_heads(Z[g], int(r), p.d, p.c) for g, r in enumerate(ranks)]
+        return GatedMHSAHeads(W1=np.concatenate([h[0] for h in heads]), W2=np.concatenate([h[1] for h in heads]),
+                              gate=np.repeat(np.arange(len(ranks)), ranks))
+
+    @staticmethod
+    def coefficients(problem, heads):
+        """The coefficients Z (P, d^2, d c) that the network with ``heads`` implements on the program's
+        gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
+        the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
+        p = problem.program
+        if not isinstance(heads, GatedMHSAHeads):
+            raise invalid("weights", f"GatedMHSAHeads (W1, W2, gate), the heads of the gated MHSA network, for "
+                          f"{p.label}", type(heads).__name__)
+        GatedMHSAReduction.check_form(heads.form, "weights.form")
+        W1, W2 = _mhsa_weights(p, heads)
+        m, gate = len(W1), np.asarray(heads.gate)
+        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
+            raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of H per head)",
+                          f"shape {gate.shape}, dtype {gate.dtype}")
+        return sum_gated_heads(W1, W2, gate, p.gates)
+
+    @staticmethod
+    def sum_heads(W1, W2, gate, gates):
+        """``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]`` of shape (gates, d^2, d c),
+        unchecked (:func:`~.mhsa.sum_gated_heads`): behind :meth:`coefficients` and
+        ``GatedMHSA.effective_coefficients``."""
+        return sum_gated_heads(W1, W2, gate, gates)
+
+    @staticmethod
+    def predict(X, heads, H, pooled, chunk=1024):
+        """Outputs of the gated network, ``sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j``: (N, n*c) per
+        token, or (N, c) mean-pooled; float64, by chunks of samples (``X`` may be a memory map)."""
+        N, n, _ = X.shape
+        c = heads.W2.shape[2]
+        out = np.empty((N, c) if pooled else (N, n * c))
+        for s in range(0, N, chunk):
+            Xc = np.asarray(X[s:s + chunk], dtype=float)
+            D = attention_masks(Xc, H)[:, :, heads.gate, :]                        # (r, t, j, s)
+            scores = np.einsum("ita,jak,isk->itjs", Xc, heads.W1, Xc, optimize=True) * D
+            Y = np.einsum("itjs,isl,jlb->itb", scores, Xc, heads.W2, optimize=True)
+            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
+        return out
+
+    @staticmethod
+    def objective(problem, heads):
+        """``sum_i L(f(X_i), Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` with the program's gates."""
+        p = problem.program
+        return _weight_decay_objective(problem, GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled), heads)
+
+
+# cases (testing.CASES): each loss once, to keep the grids fast (its pooled squared case is in tests/test_gated_mhsa.py)
+register("gated_mhsa", GatedMHSAProgram, GatedMHSAReduction, ALL_LOSSES, ("H", "gates", "gate_seed"),
+         cases=(("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")),
+         estimator=("GatedMHSA", "Gated-ReLU multi-head self-attention program, a nuclear norm per gate", TARGETS))

@@ -14,6 +14,11 @@ Computation: ``M_i = sum_{k,l} G_i[k,l] Z^{(k,l)}`` is one product of the (N, d^
 ``G_i`` with Z rearranged to ``((k,l), (a,b))``, then ``Yhat_i = X_i M_i``: O(N d^3 c) per map,
 no d^3-wide design. The CVXPY face uses the design ``Phi`` (rows ``x_it (x) G_i``, d^3 columns).
 
+:class:`LinearMHSAReduction` (Sahiner et al.): the linear multi-head self-attention network (5)
+<-> program (6). From the SVD ``Z = sum_j s_j u_j v_j^T``, head j (:class:`MHSAHeads`) is
+``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``. This module registers
+the family.
+
 Example
 -------
 >>> import numpy as np
@@ -25,12 +30,19 @@ Example
 >>> bool(np.allclose(p.forward(Z), (X @ W1 @ X.transpose(0, 2, 1) @ X @ W2).reshape(4, 3)))
 True
 """
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from .arrays import F64
+from .errors import invalid
 from .programs import CHUNK_BYTES, Program
+from .reductions import ALL_LOSSES, Reduction
+from .registry import register
 from .regularizers import NuclearNorm
+
+__all__ = ["LinearMHSAProgram", "LinearMHSAReduction", "MHSAHeads"]
 
 EXACT_NORM_FEATURES = 1000  # the operator norm is computed exactly up to d^3 = this
 EXACT_NORM_BYTES = 2**28      # ... and while the d^3 x d^3 Gram matrices of every gate fit in this
@@ -433,3 +445,131 @@ class LinearMHSAProgram(Program):
         return np.asarray(Z, dtype=float).copy()
 
     to_cvxpy = from_blocks = from_cvxpy
+
+
+@dataclass
+class MHSAHeads:
+    """Heads of the linear multi-head self-attention network (5).
+
+    W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c).
+    ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j`` (n x c), mean-pooled over tokens for one target per sequence.
+    """
+
+    W1: np.ndarray
+    W2: np.ndarray
+    form: str = "balanced"
+
+    @property
+    def heads(self):
+        return self.W1.shape[0]
+
+
+class LinearMHSAReduction(Reduction):
+    """Sahiner et al.'s theorem: the linear MHSA network (5) <-> program (6)."""
+    heads = MHSAHeads
+
+    networks = {"linear_mhsa": "mhsa"}
+    equations = {"mhsa": "(5)"}
+    models = {"linear_mhsa": dict(equation="(5)", build="cvxtransformer.nn.mhsa:linear_mhsa_model",
+                                  network="cvxtransformer.nn.mhsa:LinearMHSA",
+                                  heads="around_rank", default=True, colour="tab:blue"),
+              "softmax": {}}
+
+    @staticmethod
+    def coefficients(problem, heads):
+        """The coefficients Z (d^2, d c) of program (6) that network (5) with ``heads`` implements:
+        ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]``, i.e. ``Z = sum_j u_j v_j^T`` with
+        ``u_j[k*d + a] = W1j[a, k]``, ``v_j[l*c + b] = W2j[l, b]``. The network's output is the program's
+        ``forward(Z)`` and ``beta ||Z||_* <= beta sum_j ||W1j|| ||W2j|| <=`` its penalty."""
+        p = problem.program
+        if not isinstance(heads, MHSAHeads):
+            raise invalid("weights", f"MHSAHeads (W1, W2), the heads of network (5), for {p.label}", type(heads).__name__)
+        LinearMHSAReduction.check_form(heads.form, "weights.form")
+        W1, W2 = _mhsa_weights(p, heads)
+        return LinearMHSAReduction.sum_heads(W1, W2)
+
+    @staticmethod
+    def sum_heads(W1, W2):
+        """``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` of shape (d^2, d c), unchecked: the one-gate
+        case of :func:`sum_gated_heads` (behind ``LinearMHSA.effective_coefficients``)."""
+        return sum_gated_heads(W1, W2, np.zeros(len(W1), dtype=int), 1)[0]
+
+    @staticmethod
+    def invert(problem, Z, form="balanced"):
+        """``m = rank(Z)`` heads (W1j, W2j) from the SVD of Z, balanced: ``beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j``."""
+        LinearMHSAReduction.check_form(form)
+        p = problem.program
+        return MHSAHeads(*_svd_heads(Z, problem.regularizer.rank(Z), p.d, p.c))
+
+    @staticmethod
+    def predict(X, heads, pooled, chunk=4096):
+        """Outputs of network (5): (N, n*c) per token, or (N, c) mean-pooled; in float64, by chunks of
+        samples (``X`` may be a memory map larger than memory)."""
+        N, n, _ = X.shape
+        c = heads.W2.shape[2]
+        out = np.empty((N, c) if pooled else (N, n * c))
+        for s in range(0, N, chunk):
+            Xc = np.asarray(X[s:s + chunk], dtype=float)
+            G = np.einsum("ita,itb->iab", Xc, Xc)
+            Y = np.einsum("ita,jak,ikb,jbc->itc", Xc, heads.W1, G, heads.W2, optimize=True)
+            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
+        return out
+
+    @staticmethod
+    def objective(problem, heads):
+        """``sum_i L(sum_j X_i W1j X_i^T X_i W2j, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``."""
+        p = problem.program
+        return _weight_decay_objective(problem, LinearMHSAReduction.predict(p.X, heads, p.pooled), heads)
+
+
+def _mhsa_weights(program, heads):
+    """``(W1 (m, d, d), W2 (m, d, c))`` of the heads as finite float arrays of the program's d and c;
+    errors name the weights."""
+    p = program
+    W1, W2 = np.asarray(heads.W1), np.asarray(heads.W2)
+    m = W1.shape[0] if W1.ndim == 3 else -1
+    if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
+        raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
+                      f"{W1.shape} and {W2.shape}")
+    W1, W2 = W1.astype(float), W2.astype(float)
+    if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
+        raise invalid("weights", "finite values", "NaN/Inf entries")
+    return W1, W2
+
+
+def _weight_decay_objective(problem, Yhat, heads):
+    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of heads ``W1``, ``W2`` (balanced only)."""
+    Reduction.check_form(heads.form, "weights.form")
+    penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
+    return problem.loss.value(Yhat, problem.T) + penalty
+
+
+def _svd_heads(Z, m, d, c):
+    """The heads ``(W1 (m, d, d), W2 (m, d, c))`` of the m largest singular triplets of Z (d^2, dc):
+    ``W1j[a, k] = sqrt(s_j) u_j[k*d + a]``, ``W2j[l, b] = sqrt(s_j) v_j[l*c + b]``."""
+    U, s, Wh = np.linalg.svd(np.asarray(Z, dtype=float), full_matrices=False)
+    root = np.sqrt(s[:m])
+    W1 = (U[:, :m] * root).T.reshape(m, d, d).transpose(0, 2, 1)  # W1j[a, k] = u_j[k*d + a]
+    W2 = (Wh[:m] * root[:, None]).reshape(m, d, c)                # W2j[l, b] = v_j[l*c + b]
+    return W1, W2
+
+
+def sum_gated_heads(W1, W2, gate, gates):
+    """``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]`` of shape (gates, d^2, d c) for heads
+    ``W1`` (m, d, d), ``W2`` (m, d, c) on gates ``gate`` (m,), unchecked: the one implementation behind the
+    coefficients of program (6) (one gate) and of its gated program."""
+    m, d, c = W2.shape
+    A, B = W1.transpose(0, 2, 1).reshape(m, d * d), W2.reshape(m, d * c)  # rows vec(W1j^T), vec(W2j)
+    Z = np.zeros((gates, d * d, d * c))
+    for g in range(gates):  # a sum of outer products as one product: no (m, d^2, d c) array
+        on = gate == g
+        Z[g] = A[on].T @ B[on]
+    return Z
+
+
+# the estimators' line on their targets (also the gated family's)
+TARGETS = ("Targets (N, n, c) are per token; (N,) and (N, c) are per sequence (mean-pooled output). New X "
+           "may have another number of tokens n.")
+register("mhsa", LinearMHSAProgram, LinearMHSAReduction, ALL_LOSSES,
+         cases=(("squared", "sequence"), ("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")),
+         estimator=("MHSA", "Nuclear-norm program of linear multi-head self-attention", TARGETS))

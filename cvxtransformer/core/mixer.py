@@ -46,6 +46,8 @@ from .registry import register
 from .regularizers import NuclearNorm
 from .validation import check_gate_arrays, check_gates_memory, check_int
 
+__all__ = ["MixerProgram", "MixerReduction", "MixerUnits", "channel_gates", "sample_gate_vectors"]
+
 
 def sample_gate_vectors(gates, n, seed=0):
     """Gate vectors ``G`` of shape (P, n), i.i.d. N(0, 1)."""
@@ -345,8 +347,10 @@ class MixerReduction(Reduction):
     equations = {"mixer": "(gated token mixing)"}
     models = {  # compare's models (Reduction.models)
         "mixer": dict(equation="(gated token mixing)", build="cvxtransformer.nn.mixer:gated_model",
+                      network="cvxtransformer.nn.mixer:GatedMixer",
                       heads="per_gate_ranks", default=True, colour="tab:blue"),
         "relu_mixer": dict(equation="(ReLU token mixing)", build="cvxtransformer.nn.mixer:relu_model",
+                           network="cvxtransformer.nn.mixer:ReluMixer",
                            heads="around_rank", bounded=False, default=True, colour="tab:brown",
                            note="the ReLU token-mixing MLP has the gated network's units and weight decay, but each "
                                 "unit is gated by its own sign: the program's optimum is no bound for it, and "
@@ -421,4 +425,6 @@ class MixerReduction(Reduction):
 
 
 register("mixer", MixerProgram, MixerReduction, ("squared", "logistic", "cross_entropy"), ("G", "gates", "gate_seed"),
-         cases=(("squared", "channels"), ("cross_entropy", "classes"), ("logistic", "binary")))  # testing.CASES
+         cases=(("squared", "channels"), ("cross_entropy", "classes"), ("logistic", "binary")),  # testing.CASES
+         estimator=("Mixer", "Gated-ReLU token-mixing program, the MLP-Mixer layer with a nuclear norm per gate",
+                    "Targets (N, n_out, d) are per channel; (N,) and (N, c) are pooled outputs (docs/mixer.md)."))

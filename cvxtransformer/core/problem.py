@@ -24,7 +24,7 @@ class ConvexProblem:
 
     Attributes
     ----------
-    program : the linear map Z -> yhat and its adjoint (:class:`~cvxtransformer.core.programs.AttentionProgram`,
+    program : the linear map Z -> yhat and its adjoint (:class:`~cvxtransformer.core.attention.AttentionProgram`,
         :class:`~cvxtransformer.core.mhsa.LinearMHSAProgram` or :class:`~cvxtransformer.core.gated_mhsa.GatedMHSAProgram`)
     loss : :class:`~cvxtransformer.core.losses.Loss`
     T : ndarray of shape (N, n_outputs), the encoded targets

@@ -25,10 +25,11 @@ from .errors import invalid
 # here too, so that the command line's help lists them without importing the modules (a test checks that
 # the modules register exactly these)
 MODULES = {
-    "cvxtransformer.core.reductions": {
+    "cvxtransformer.core.attention": {
         8: "attention-only, scalar output", 10: "attention-only, c outputs",
-        12: "attention + gated-ReLU FCN (group lasso)", "mhsa": "linear multi-head self-attention (nuclear norm)",
-        "gated_mhsa": "gated-ReLU multi-head self-attention (a nuclear norm per gate)"},
+        12: "attention + gated-ReLU FCN (group lasso)"},
+    "cvxtransformer.core.mhsa": {"mhsa": "linear multi-head self-attention (nuclear norm)"},
+    "cvxtransformer.core.gated_mhsa": {"gated_mhsa": "gated-ReLU multi-head self-attention (a nuclear norm per gate)"},
     "cvxtransformer.core.mixer": {"mixer": "gated-ReLU token mixing, the MLP-Mixer layer (a nuclear norm per gate)"},
 }
 # the options of make_problem that every family may take (besides its gate arrays)
@@ -49,6 +50,9 @@ class Family:
       arrays that the program class declares (``program.gate_array_kinds``: name -> description)
     - ``cases``: its standard test cases, ``(loss, target kind)`` pairs (the kinds of
       :func:`cvxtransformer.testing.random_targets`); ``testing.CASES`` is built from them
+    - ``estimator``: None, or ``(prefix, title, targets)``: :mod:`cvxtransformer.estimators` then offers
+      ``<prefix>Regressor`` and ``<prefix>Classifier`` for this family, documented by ``title`` (a line
+      naming the program) and ``targets`` (a line on the targets the regressor takes, or "")
     """
 
     name: object
@@ -57,6 +61,7 @@ class Family:
     losses: tuple
     options: tuple = ()
     cases: tuple = ()
+    estimator: tuple = None
 
     @property
     def label(self):
@@ -82,10 +87,17 @@ def gate_arrays():
     return {k: f.program.gate_array_kinds[k] for f in families().values() for k in f.gate_arrays}
 
 
-def register(name, program, reduction, losses, options=(), cases=()):
+def estimator_names():
+    """The names of the estimator classes that the registered families declare (``Family.estimator``)."""
+    return [f"{f.estimator[0]}{kind}" for f in families().values() if f.estimator
+            for kind in ("Regressor", "Classifier")]
+
+
+def register(name, program, reduction, losses, options=(), cases=(), estimator=None):
     """Register a family under ``name`` (replacing any family of that name), once its program class,
     the program's regulariser and the reduction offer every face of the contract (:mod:`.contracts`);
-    otherwise one error names the missing faces."""
+    otherwise one error names the missing faces. ``estimator``: ``(prefix, title)`` or ``(prefix, title,
+    targets)``, the family's scikit-learn estimators (:class:`Family`)."""
     check_faces(f"register: program of family {name!r}", program, PROGRAM_FACES)
     check_faces(f"register: regularizer of family {name!r}", program.regularizer_class, REGULARIZER_FACES)
     check_faces(f"register: reduction of family {name!r}", reduction, REDUCTION_FACES)
@@ -97,7 +109,14 @@ def register(name, program, reduction, losses, options=(), cases=()):
     bad = [case for case in cases if case[0] not in losses]
     if bad:
         raise invalid("cases", f"(loss, target kind) pairs with a loss of {tuple(losses)}", repr(bad[0]))
-    _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options), tuple(map(tuple, cases)))
+    if estimator is not None:
+        if not (isinstance(estimator, tuple) and len(estimator) in (2, 3) and all(isinstance(e, str) for e in estimator)
+                and estimator[0].isidentifier()):
+            raise invalid("estimator", "(prefix, title) or (prefix, title, targets): strings, the prefix a class name",
+                          repr(estimator))
+        estimator = estimator + ("",) * (3 - len(estimator))
+    _FAMILIES[name] = Family(name, program, reduction, tuple(losses), tuple(options), tuple(map(tuple, cases)),
+                             estimator)
 
 
 def families():

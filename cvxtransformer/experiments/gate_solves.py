@@ -4,7 +4,7 @@ gates for program (12) on one-hot tokens, solved along a path of beta and scored
 Example
 -------
 >>> import numpy as np
->>> from cvxtransformer.core.programs import AttentionProgram, sample_gates
+>>> from cvxtransformer.core.attention import AttentionProgram, sample_gates
 >>> X = np.eye(5)[np.random.default_rng(0).integers(0, 5, (6, 4))]
 >>> U1, U2 = sample_gates(3, 4, 5)
 >>> Z = -np.ones((3, 2, 4, 5))
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..core.problem import make_problem
-from ..core.programs import gate_mask, sample_gates
+from ..core.attention import gate_mask, sample_gates
 from ..path import solve_path
 from .config import RunConfig, task_title
 from .runner import load_net, split_scores

@@ -6,7 +6,7 @@ the gates of a ReLU network that generalised (oracle gates) and with random gate
 
 The data are the teacher's split (task, modulus, reading, train fraction, seed), with the tokens
 ``[x, op, y, =]`` embedded one-hot (d = p + 2; the program then runs on
-:class:`cvxtransformer.core.programs.TokenOperator`). The teacher, network (11) with ReLU gates
+:class:`cvxtransformer.core.attention.TokenOperator`). The teacher, network (11) with ReLU gates
 (:class:`cvxtransformer.nn.deep.ReLUNetwork`), has on these inputs exactly the activation pattern
 ``1[U1_j^T X_i U2_j >= 0]`` with ``U1 = W1`` and ``U2 = (E W2^T)^T``: its gates are bilinear, and
 program (12) takes them as they are. ``--oracle-gates K`` keeps the K neurons of the teacher with

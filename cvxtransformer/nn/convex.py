@@ -22,7 +22,7 @@ True
 import numpy as np
 import torch
 
-from ..core.programs import gate_mask
+from ..core.attention import gate_mask
 from ..core.regularizers import GroupLasso
 from .networks import Network
 

@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 from ..core.errors import invalid
-from ..core.programs import gate_mask, gated_outputs, sample_gates
+from ..core.attention import gate_mask, gated_outputs, sample_gates
 from ..core.validation import check_choice, check_int
 from .fastfood import Fastfood
 
@@ -110,7 +110,7 @@ class ConvexLayer(torch.nn.Module):
         return X if self.kernel is None else self.kernel.torch_forward(X)
 
     def mask(self, F):
-        """Gate mask (B, h) of program (12) on features ``F`` (:func:`cvxtransformer.core.programs.gate_mask`);
+        """Gate mask (B, h) of program (12) on features ``F`` (:func:`cvxtransformer.core.attention.gate_mask`);
         with learned gates, its values are the hard mask and its gradient that of ``sigmoid(s / std(s))``."""
         if not self.learn_gates:
             return gate_mask(F, self.U1, self.U2)

@@ -1,6 +1,6 @@
 """The nonconvex networks, as torch modules, with the weight-decay objectives of docs/conventions.md.
 
-Four networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of shape (N, c),
+The networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of shape (N, c),
 ``c`` the number of outputs of the encoded targets (``n * c`` for sequence targets, output
 ``(t, l)`` flattened row-major, as in docs/conventions.md):
 
@@ -15,15 +15,9 @@ Four networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of sh
   of shape (N,) or (N, c) and at every token for sequence targets (N, n, c) (as the softmax
   teacher of :func:`cvxtransformer.datasets.student_teacher`). The 1/sqrt(d) scaling of the
   scores is a reparametrisation of ``Wq`` that the paper's (3) leaves out;
-* :class:`LinearMHSA`, network (5) of Sahiner et al.: ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j``,
-  penalty ``beta/2 sum_j (||W1j||^2 + ||W2j||^2)``, at every token (sequence targets) or
-  mean-pooled; program (6) is its convex equivalent;
-* :class:`GatedMHSA`, the gated-ReLU network of Sahiner et al.: the heads of (5), the scores of head j
-  masked by the fixed gate ``D_g(j)(X)[t, s] = 1[x_t^T H_g x_s >= 0]``,
-  ``f(X_i) = sum_j (D_g(j)(X_i) * (X_i W1j X_i^T)) X_i W2j``; the gated MHSA program is its convex
-  equivalent;
-* :class:`ReluMHSA`, the same heads with a real ReLU on the scores,
-  ``f(X_i) = sum_j relu(X_i W1j X_i^T) X_i W2j``: no fixed gate, so no convex program bounds it.
+* the networks of the other families, in their own modules (e.g. :mod:`cvxtransformer.nn.mhsa`,
+  :mod:`cvxtransformer.nn.mixer`), built on :class:`Network`; :func:`build_network` builds any of them
+  by name.
 
 The attention rows of (6)/(9)/(11) are stored directly and kept on the simplex by projection
 (:meth:`project_`, called by the trainer after every step): projected gradient. So every
@@ -32,7 +26,7 @@ Proposition 1 load exactly (:meth:`AlternativeAttention.from_weights`); the obje
 loaded network then equals the convex optimum P(Z*) to rounding.
 
 Objectives are summed over samples (docs/conventions.md): ``objective = sum_i L(yhat_i, y_i) + penalty``.
-For (5), (6)/(9) and (11) the convex optimum P(Z*) is a lower bound on it, whatever the number of
+For (6)/(9) and (11) the convex optimum P(Z*) is a lower bound on it, whatever the number of
 heads, and so is any dual value D(V) of the certificate. It is not a bound for (3).
 
 Example
@@ -47,6 +41,8 @@ Example
 >>> abs(net.objective(inputs, P.T, "squared", 2.0).item() - res.certificate.primal_objective) < 1e-8
 True
 """
+import importlib
+import inspect
 import math
 
 import numpy as np
@@ -54,14 +50,8 @@ import torch
 
 from ..core.errors import invalid
 from ..core.losses import get_loss, project_rows_to_simplex
-from ..core.programs import gate_mask
-from ..core.gated_mhsa import attention_masks
-from ..core.reductions import (AttentionHeads, GatedMHSAHeads, GatedMHSAReduction, LinearMHSAReduction,
-                               MHSAHeads, Proposition1)
+from ..core.attention import AttentionHeads, Proposition1, gate_mask
 from ..core.validation import check_array, check_int
-
-MODELS = ("alternative", "gated", "softmax", "linear_mhsa", "gated_mhsa", "relu_mhsa")
-
 
 def _tensor(a, dtype, device):
     return torch.as_tensor(np.asarray(a, dtype=float), dtype=dtype, device=device)
@@ -202,7 +192,7 @@ class AlternativeAttention(Network):
         ``Z[g, l, k] = sum_{j: gate(j) = g} w_3j[l] w_1j[k] w_2j`` (``h = 1`` without gates): the
         network's output equals the program's ``forward(Z)``, and ``P(Z) <=`` the network's
         objective (the group norms are at most ``||w_2j|| ||w_3j||_1``), hence the bound
-        (:meth:`cvxtransformer.core.reductions.Proposition1.coefficients`, in the program's shape).
+        (:meth:`cvxtransformer.core.attention.Proposition1.coefficients`, in the program's shape).
         """
         w = self.to_weights()
         h = 1 if w.gate is None else self.U1.shape[0]
@@ -213,7 +203,7 @@ class GatedAttention(AlternativeAttention):
     """Gated-ReLU network (11): the heads of (9), each multiplied by its gate.
 
     ``yhat_i = sum_j M_i,gate(j) (w_1j^T X_i w_2j) w_3j`` with
-    ``M_ig = 1[u_1g^T X_i u_2g >= 0]`` (:func:`cvxtransformer.core.programs.gate_mask`, the mask of
+    ``M_ig = 1[u_1g^T X_i u_2g >= 0]`` (:func:`cvxtransformer.core.attention.gate_mask`, the mask of
     program (12)). ``U1`` (h, n), ``U2`` (h, d): the gate vectors of program (12);
     ``gate`` (m,) ints in [0, h): each head's gate (default ``j mod h``).
     """
@@ -335,209 +325,49 @@ class SoftmaxAttention(Network):
         return self.attention(Xt).mean(dim=0).cpu().numpy().astype(float)
 
 
-# ----------------------------------------------------------------------------- (5)
-class LinearMHSA(Network):
-    """Linear multi-head self-attention network (5) of Sahiner et al. with ``m`` heads.
-
-    ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j`` (n x c_token), at every token (sequence targets,
-    ``c = n * c_token``, outputs ``(t, l)`` flattened row-major) or mean-pooled over tokens
-    (``pooled=True``, ``c = c_token``). Parameters ``W1`` (m, d, d) and ``W2`` (m, d, c_token);
-    penalty ``beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``. Program (6) is its convex equivalent:
-    P(Z*) is a lower bound on this objective for every m.
-    """
-
-    name = "linear_mhsa"
-
-    def __init__(self, n, d, c, heads, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64, device="cpu"):
-        super().__init__(n, d, c, dtype, device)
-        heads = check_int("heads", heads, 0)
-        self.pooled = bool(pooled)
-        if not self.pooled and c % n:
-            raise invalid("c", f"a multiple of n = {n} for sequence targets", repr(c))
-        self.c_token = c if self.pooled else c // n
-        rng = np.random.default_rng(seed)
-        W1 = init_scale * rng.standard_normal((heads, d, d)) / d
-        W2 = init_scale * rng.standard_normal((heads, d, self.c_token)) / math.sqrt(d * max(heads, 1))
-        self.W1 = torch.nn.Parameter(_tensor(W1, dtype, device))
-        self.W2 = torch.nn.Parameter(_tensor(W2, dtype, device))
-
-    @property
-    def heads(self):
-        return self.W1.shape[0]
-
-    def forward(self, X):
-        G = X.transpose(1, 2) @ X
-        out = torch.einsum("ita,jak,ikb,jbc->itc", X, self.W1, G, self.W2)
-        return out.mean(dim=1) if self.pooled else out.reshape(X.shape[0], -1)
-
-    def penalty(self, beta):
-        return 0.5 * beta * (torch.sum(self.W1 ** 2) + torch.sum(self.W2 ** 2))
-
-    def arrays(self):
-        return {"W1": self.W1.detach().cpu().numpy().astype(float), "W2": self.W2.detach().cpu().numpy().astype(float)}
-
-    def to_weights(self):
-        a = self.arrays()
-        return MHSAHeads(a["W1"], a["W2"])
-
-    @torch.no_grad()
-    def set_weights(self, W1, W2):
-        """Set the heads: ``W1`` (m, d, d), ``W2`` (m, d, c_token)."""
-        W1, W2 = np.asarray(W1, dtype=float), np.asarray(W2, dtype=float)
-        m = W1.shape[0] if W1.ndim == 3 else -1
-        if W1.shape != (m, self.d, self.d) or W2.shape != (m, self.d, self.c_token):
-            raise invalid("W1, W2", f"shapes (m, {self.d}, {self.d}) and (m, {self.d}, {self.c_token})",
-                          f"{W1.shape} and {W2.shape}")
-        self.W1 = torch.nn.Parameter(_tensor(W1, self.dtype, self.device))
-        self.W2 = torch.nn.Parameter(_tensor(W2, self.dtype, self.device))
-        return self
-
-    @classmethod
-    def from_weights(cls, heads, n, pooled=False, **kwargs):
-        """The network of :class:`MHSAHeads` (e.g. recovered from program (6)) on sequences of n tokens."""
-        m, d, c_token = heads.W2.shape
-        c = c_token if pooled else n * c_token
-        return cls(n, d, c, 0, pooled=pooled, **kwargs).set_weights(heads.W1, heads.W2)
-
-    @torch.no_grad()
-    def effective_coefficients(self):
-        """The coefficients Z (d^2, d c_token) of program (6) that this network implements:
-        ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]`` (the output equals the program's map at Z,
-        and ``beta ||Z||_* <=`` the penalty; :meth:`cvxtransformer.core.reductions.LinearMHSAReduction.coefficients`)."""
-        a = self.arrays()
-        return LinearMHSAReduction.sum_heads(a["W1"], a["W2"])
+ATTENTION_MODELS = ("alternative", "gated", "softmax")
 
 
-# ----------------------------------------------------------------------------- gated-ReLU and ReLU MHSA
-class _ScoredMHSA(LinearMHSA):
-    """Heads of (5) whose attention scores ``X_i W1j X_i^T`` pass through a function before they
-    weigh the values: ``f(X_i) = sum_j phi_j(X_i W1j X_i^T) X_i W2j``; subclasses set phi."""
+def family_networks():
+    """The networks the registered families declare (their reduction's ``models`` entries with a
+    ``network``, ``"module:Class"``): model name -> (class path, family)."""
+    from ..core.registry import families
 
-    def _attend(self, X, scores):
-        """``sum_j scores_j X W2j`` with ``scores`` (N, n, m, n) (query t, head j, key s)."""
-        out = torch.einsum("itjs,isl,jlb->itb", scores, X, self.W2)
-        return out.mean(dim=1) if self.pooled else out.reshape(X.shape[0], -1)
-
-    def scores(self, X):
-        """``(X_i W1j X_i^T)[t, s]`` of shape (N, n, m, n)."""
-        return torch.einsum("ita,jak,isk->itjs", X, self.W1, X)
+    return {model: (spec["network"], fam) for fam in families().values()
+            for model, spec in fam.reduction.models.items() if spec.get("network")}
 
 
-class GatedMHSA(_ScoredMHSA):
-    """Gated-ReLU multi-head self-attention with ``m`` heads, head j on the fixed gate ``gate[j]``.
+def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, **kwargs):
+    """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11) (gate vectors ``U1``, ``U2``),
+    ``"softmax"`` (3), or a network a registered family declares (:func:`family_networks`), built as
+    ``Class(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)``: ``kwargs`` carries the family's
+    gate arrays (e.g. ``H=...``), which its gated network needs; gate arrays a network does not take are
+    ignored."""
+    from ..core.registry import gate_arrays
 
-    ``f(X_i) = sum_j (D_g(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` with ``D_g(X)[t, s] = 1[x_t^T H_g x_s >= 0]``
-    (:func:`cvxtransformer.core.gated_mhsa.attention_masks`); ``H`` (P, d, d): the gates of the gated
-    program; ``gate`` (m,) ints in [0, P) (default ``j mod P``). Parameters, outputs and penalty as
-    :class:`LinearMHSA`. The gated MHSA program is its convex equivalent: P(Z*) is a lower bound on
-    this objective for every m, attained once each gate g holds rank(Z*_g) heads.
-    """
+    arrays = gate_arrays()
 
-    name = "gated_mhsa"
+    def build(cls, *args, **options):
+        takes = inspect.signature(cls).parameters
+        return cls(*args, **{k: v for k, v in options.items() if k in takes or k not in arrays})
 
-    def __init__(self, n, d, c, heads, H, gate=None, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64,
-                 device="cpu"):
-        super().__init__(n, d, c, heads, pooled, seed, init_scale, dtype, device)
-        H = np.asarray(H, dtype=float)
-        if H.ndim != 3 or H.shape[1:] != (d, d) or H.shape[0] == 0:
-            raise invalid("H", f"gate matrices of shape (P, {d}, {d}), P >= 1", f"shape {H.shape}")
-        self.H = H
-        self._set_gate(np.arange(self.heads) % H.shape[0] if gate is None else gate)
-
-    def _set_gate(self, gate):
-        self.gate = _checked_gate(gate, self.heads, self.H.shape[0], "gate matrices of H")
-
-    def encode_inputs(self, X):
-        (Xt,) = super().encode_inputs(X)
-        return Xt, attention_masks(Xt, torch.as_tensor(self.H, dtype=self.dtype, device=self.device))
-
-    def forward(self, X, D):
-        return self._attend(X, self.scores(X) * D[:, :, self.gate, :])
-
-    @torch.no_grad()
-    def set_weights(self, W1, W2, gate=None):
-        """Set the heads (``W1`` (m, d, d), ``W2`` (m, d, c_token)) and their gates (m,)."""
-        super().set_weights(W1, W2)
-        self._set_gate(np.arange(self.heads) % self.H.shape[0] if gate is None else gate)
-        return self
-
-    def to_weights(self):
-        a = self.arrays()
-        return GatedMHSAHeads(a["W1"], a["W2"], self.gate.copy())
-
-    def arrays(self):
-        return dict(super().arrays(), gate=self.gate.copy())
-
-    @classmethod
-    def from_weights(cls, heads, H, n, pooled=False, **kwargs):
-        """The network of :class:`GatedMHSAHeads` (e.g. recovered from the gated program) on its gates ``H``."""
-        m, d, c_token = heads.W2.shape
-        c = c_token if pooled else n * c_token
-        return cls(n, d, c, 0, H, pooled=pooled, **kwargs).set_weights(heads.W1, heads.W2, heads.gate)
-
-    @torch.no_grad()
-    def effective_coefficients(self):
-        """The coefficients Z (P, d^2, d c_token) of the gated program that this network implements
-        (:meth:`cvxtransformer.core.reductions.GatedMHSAReduction.coefficients`)."""
-        a = self.arrays()
-        return GatedMHSAReduction.sum_heads(a["W1"], a["W2"], a["gate"], self.H.shape[0])
-
-
-class ReluMHSA(_ScoredMHSA):
-    """Multi-head self-attention with a ReLU on the scores, ``m`` heads:
-    ``f(X_i) = sum_j relu(X_i W1j X_i^T) X_i W2j``. Parameters, outputs and penalty as
-    :class:`LinearMHSA`. Its masks move with W1, so no convex program of this package bounds it: the
-    gated program's optimum on random gates is a comparison point for it, not a bound."""
-
-    name = "relu_mhsa"
-
-    def forward(self, X):
-        return self._attend(X, torch.relu(self.scores(X)))
-
-    def effective_coefficients(self):
-        raise TypeError("relu_mhsa: no convex program has coefficients for it (its masks move with W1)")
-
-
-def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, H=None, **kwargs):
-    """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11), ``"softmax"`` (3),
-    ``"linear_mhsa"`` (5), ``"gated_mhsa"`` (gates ``H``) or ``"relu_mhsa"`` (the last three
-    mean-pooled unless ``sequence``)."""
     if model == "alternative":
-        return AlternativeAttention(n, d, c, heads, seed=seed, **kwargs)
+        return build(AlternativeAttention, n, d, c, heads, seed=seed, **kwargs)
     if model == "gated":
         if U1 is None or U2 is None:
             raise invalid("U1, U2", "the gate vectors of program (12) for the gated network", "None")
-        return GatedAttention(n, d, c, heads, U1, U2, seed=seed, **kwargs)
+        return build(GatedAttention, n, d, c, heads, U1, U2, seed=seed, **kwargs)
     if model == "softmax":
-        return SoftmaxAttention(n, d, c, sequence=sequence, seed=seed, **kwargs)
-    if model == "linear_mhsa":
-        return LinearMHSA(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
-    if model == "gated_mhsa":
-        if H is None:
-            raise invalid("H", "the gate matrices of the gated MHSA program for the gated_mhsa network", "None")
-        return GatedMHSA(n, d, c, heads, H, pooled=not sequence, seed=seed, **kwargs)
-    if model == "relu_mhsa":
-        return ReluMHSA(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)
-    raise invalid("model", f"one of {MODELS}", repr(model))
-
-
-# ----------------------------------------------------------------------------- compare's builders
-# (named by the reductions' ``models``: cvxtransformer.core.reductions.Reduction)
-def linear_mhsa_model(problem, heads, sequence, seed):
-    """Network (5) on the data of ``problem`` for ``compare``."""
-    N, n, d = problem.program.X.shape
-    return LinearMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
-
-
-def gated_mhsa_model(problem, heads, sequence, seed):
-    """The gated MHSA network on the gates of ``problem``'s program, for ``compare`` (``heads`` may carry
-    each head's gate: ``heads.gate``)."""
-    p = problem.program
-    return GatedMHSA(p.n, p.d, problem.T.shape[1], heads, p.H, gate=getattr(heads, "gate", None),
-                     pooled=not sequence, seed=seed)
-
-
-def relu_mhsa_model(problem, heads, sequence, seed):
-    """The ReLU MHSA network on the data of ``problem``, for ``compare``."""
-    N, n, d = problem.program.X.shape
-    return ReluMHSA(n, d, problem.T.shape[1], heads, pooled=not sequence, seed=seed)
+        return build(SoftmaxAttention, n, d, c, sequence=sequence, seed=seed, **kwargs)
+    declared = family_networks()
+    if model not in declared:
+        raise invalid("model", f"one of {ATTENTION_MODELS + tuple(declared)}", repr(model))
+    path, fam = declared[model]
+    module, name = path.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    takes = inspect.signature(cls).parameters
+    for array in fam.gate_arrays:  # the gate arrays that the network takes without a default
+        if array in takes and takes[array].default is inspect.Parameter.empty and kwargs.get(array) is None:
+            raise invalid(array, f"the {fam.program.gate_array_kinds[array]} of {fam.label} for the {model} network",
+                          "None")
+    return build(cls, n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)

@@ -17,8 +17,7 @@ Run: ``python docs/examples/custom_family.py``.
 import numpy as np
 
 import cvxtransformer as ct
-from cvxtransformer.core.programs import AttentionProgram
-from cvxtransformer.core.reductions import Proposition1
+from cvxtransformer.core.attention import AttentionProgram, Proposition1
 from cvxtransformer.core.registry import register
 
 NAME = "token_weighted"
