@@ -63,6 +63,14 @@ The gated program, one head on gate 1 of two:
 >>> D = (X @ H[1] @ X.transpose(0, 2, 1) >= 0)
 >>> bool(np.allclose(q.forward(Zg), ((D * (X @ W1 @ X.transpose(0, 2, 1))) @ X @ W2).reshape(4, 3)))
 True
+
+Through ``make_problem``, by name (targets (N, n, c) per token: c = 2, so Z is (d^2, dc) = (4, 4) per gate):
+
+>>> from cvxtransformer.core.problem import make_problem
+>>> make_problem(X, X, program="mhsa", beta=0.5).program.shape
+(4, 4)
+>>> make_problem(X, X, program="gated_mhsa", beta=0.5, gates=2).program.shape
+(2, 4, 4)
 """
 from dataclasses import dataclass
 
