@@ -4,8 +4,8 @@ Ergen, Neyshabur & Mehta, "Convexifying Transformers" (arXiv 2211.11052): with a
 the simplex, regularized training of attention-only networks (with or without a gated-ReLU FCN)
 is a group-lasso program, (8), (10) or (12). Sahiner et al.: linear multi-head self-attention
 with weight decay is a nuclear-norm program, (6), and with a gated ReLU on the attention scores a
-sum of nuclear norms, one per gate ("gated_mhsa"). This package builds those programs and their
-duals, solves them, and certifies any solution.
+sum of nuclear norms, one per gate. This package builds those programs (the families of
+:mod:`cvxtransformer.core.registry`) and their duals, solves them, and certifies any solution.
 
 Layers (each imports only the ones below it; see docs/architecture.md):
 

@@ -30,9 +30,9 @@ class PathPoint:
     result : the certified :class:`SolveResult` at this beta
     screened : number of blocks that gap-safe screening discarded (groups, or singular directions)
     screened_mask : boolean array of those blocks (the program's group shape, or one entry per
-        singular direction in decreasing order; one row of them per gate for "gated_mhsa")
+        singular direction in decreasing order; one row of them per gate for a gated nuclear-norm family)
     n_blocks : total number of blocks (groups h*c*n, or min(d^2, dc) singular directions, P times
-        for "gated_mhsa")
+        for a gated nuclear-norm family with P gates)
     seconds : wall time of this beta (solve and verification)
     """
 

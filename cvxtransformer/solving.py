@@ -99,7 +99,7 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
         solving, its size and for how long (then every 30 s); the command line sets 5
     options : passed to the backend (``max_iter``, ``time_limit``, solver settings; see each solver);
         the CVXPY backends take ``formulation``: "auto" (default: the squared loss compressed to the
-        size of Z whatever N, the factored map of "mhsa" where it is smaller), or "compressed",
+        size of Z whatever N, a program's factored map where it offers one and it is smaller), or "compressed",
         "factored", "direct" (the dense design); the one used is ``result.formulation``
 
     For ``beta >= beta_max`` the solution ``Z = 0`` is known in closed form; it is returned

@@ -37,7 +37,7 @@ def case_id(case):
 
 def random_targets(kind, rng, N, n, c=3, d=3):
     """Targets of one kind: scalar (N,), binary (N,) in {-1, +1}, vector (N, c), sequence (N, n, 2),
-    channels (N, 2, d) (two outputs per channel of the "mixer" program), classes (N,) in [0, c)."""
+    channels (N, 2, d) (two outputs per channel, for a token-mixing program), classes (N,) in [0, c)."""
     if kind == "scalar":
         return rng.standard_normal(N)
     if kind == "binary":
@@ -55,7 +55,7 @@ def random_targets(kind, rng, N, n, c=3, d=3):
 
 def random_problem(program, loss, kind, seed=0, N=40, n=4, d=3, gates=3, frac=0.3):
     """A random instance with beta = frac * beta_max (so the optimum is sparse, or low-rank, but nonzero);
-    ``gates``: h of program (12), P of "gated_mhsa" and "mixer" (sampled from ``seed``)."""
+    ``gates``: h of program (12), P of a family with P gates (sampled from ``seed``)."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((N, n, d))
     y = random_targets(kind, rng, N, n, d=d)

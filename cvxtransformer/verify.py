@@ -61,8 +61,9 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
     Parameters
     ----------
     problem : ConvexProblem, from :func:`cvxtransformer.make_problem`
-    Z : ndarray of the program's shape: (n, d) for (8), (c, n, d) for (10), (h, c, n, d) for (12),
-        (d^2, dc) for "mhsa", (P, d^2, dc) for "gated_mhsa"
+    Z : ndarray of the program's shape (``problem.program.shape``): (n, d) for (8), (c, n, d) for (10),
+        (h, c, n, d) for (12); a nuclear-norm family's is one matrix, or a stack of them, one per gate (each
+        family's module says: the modules of :data:`cvxtransformer.core.registry.MODULES`)
     V : optional candidate dual point (N, n_outputs) (or (N,) with one output), e.g. a solver's
         multipliers; it is made feasible here and used only if it gives a better bound
     tol : the relative gap ``(P(Z) - D(V)) / D(V)`` below which the solution is reported ``certified``
@@ -134,8 +135,10 @@ class NetworkCertificate:
 
     Attributes
     ----------
-    network : the network's equation: ``"(9)"``, ``"(11)"``, ``"(5)"`` or ``"(gated MHSA)"``
-    program : the convex program that bounds the family (8, 10, 12, "mhsa" or "gated_mhsa")
+    network : the network's equation, as its family's reduction names it (``equations``): ``"(9)"``,
+        ``"(11)"``, ``"(5)"``, ...
+    program : the name of the convex program that bounds the family (8, 10, 12 or another registered
+        family's name: :mod:`cvxtransformer.core.registry`)
     objective : the network's own objective ``sum_i L(yhat_i, y_i) + penalty``, evaluated on the network
     lower_bound : D(V), a certified lower bound on the objective of every network of the family on this
         data and beta, whatever its number of heads (D(V) <= P(Z*) <= that objective)
@@ -250,13 +253,14 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     ----------
     problem : ConvexProblem whose program bounds the network's family: (8) or (10) for the alternative
         attention network (9), (12) for the gated-ReLU network (11) (on the network's gates U1, U2),
-        "mhsa" for linear multi-head self-attention (5); on the network's training data and beta
+        another registered family's program for that family's networks (e.g. the nuclear-norm program
+        (6) of Sahiner et al. for linear multi-head self-attention (5)); on the network's training
+        data and beta
     network : :class:`~cvxtransformer.core.attention.AttentionHeads` (``W1`` (m, n) attention rows on
         the simplex, ``W2`` (m, d), ``W3`` (m, c), ``gate`` (m,) for (11)), a dict of those arrays,
-        :class:`~cvxtransformer.core.mhsa.MHSAHeads` (``W1`` (m, d, d), ``W2`` (m, d, c)) or its
-        dict, :class:`~cvxtransformer.core.gated_mhsa.GatedMHSAHeads` (``W1``, ``W2`` and ``gate`` (m,),
-        e.g. from ``recover_weights`` of the gated MHSA program) or its dict, or a network of
-        :mod:`cvxtransformer.nn`. ``form``: "balanced" (every family) or "lemma1" (heads of
+        the heads of another registered family (its reduction's ``heads``, e.g. ``ct.MHSAHeads``:
+        ``W1`` (m, d, d), ``W2`` (m, d, c); ``ct.GatedMHSAHeads``: also ``gate`` (m,); as
+        ``recover_weights`` returns them) or their dict, or a network of :mod:`cvxtransformer.nn`. ``form``: "balanced" (every family) or "lemma1" (heads of
         (9)/(11), whose value vectors are normalised first: see ``Proposition1.objective``); any
         other is refused. Softmax attention (3) is refused:
         the bound does not cover it (its attention depends on the input).

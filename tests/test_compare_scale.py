@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from cvxtransformer.core.attention import Proposition1
-from cvxtransformer.core.gated_mhsa import GatedMHSAReduction
+from cvxtransformer.core.mhsa import GatedMHSAReduction
 from cvxtransformer.nn.networks import AlternativeAttention
 from cvxtransformer.nn.trainer import sample_bytes
 

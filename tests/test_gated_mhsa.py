@@ -12,7 +12,7 @@ import torch
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main
-from cvxtransformer.core.gated_mhsa import GatedMHSAHeads, GatedMHSAReduction
+from cvxtransformer.core.mhsa import GatedMHSAHeads, GatedMHSAReduction
 from cvxtransformer.nn.mhsa import GatedMHSA, ReluMHSA
 from cvxtransformer.testing import check_training_against_bound
 

@@ -11,13 +11,11 @@ and Sahiner et al.):
 
 * alternative attention (6)/(9): program (8) when ``--program 8``, else program (10);
 * gated-ReLU network (11): program (12), with the same gates U1, U2;
-* linear multi-head self-attention (5): program (6) (``mhsa``);
-* gated-ReLU multi-head self-attention (``gated_mhsa``): the gated MHSA program, with the same gates H;
-  the same heads with a real ReLU on the scores (``relu_mhsa``) are not covered (their masks move
-  with W1): their objective is compared with the gated program's optimum, which they may beat;
-* the gated token-mixing MLP of an MLP-Mixer layer (``mixer``): the token-mixing program, with the
-  same gates G; the ReLU token-mixing MLP (``relu_mixer``) is not covered (each unit's gate is its own
-  sign), compared as ``relu_mhsa`` is;
+* the networks of the other registered families (``--program`` NAME; each family's reduction declares
+  them in ``models``, :data:`cvxtransformer.comparison.models.MODELS`; docs/ has a page per family):
+  each against its family's program, with the same gate arrays. A model declared not ``bounded`` (the
+  same heads or units with a real ReLU, whose masks move with the weights) is compared with the gated
+  program's optimum, which it may beat;
 * ``convex``: the coefficients Z of ``--program`` (8/10/12) trained by Adam/SGD on P(Z) itself
   (the paper trains its convex model this way too), certified by the same D(V);
 * softmax attention (3): not covered; it is compared with the optimum of ``--program``, and
@@ -39,17 +37,17 @@ Two modes:
 Every program that some model needs is solved (``--program`` always; in ``--tune`` mode at every
 beta of the grid, which also gives each network the bound at its own beta) with the verifier's
 refined dual point (``refine=True``), so a gap is not inflated by a loose bound. ``--heads`` takes
-one head count or several (``1,2,4``; one with ``--tune``); for ``linear_mhsa`` the default is
-below, at and above rank(Z*). Everything is validated before any solve or training, so a user
+one head count or several (``1,2,4``; one with ``--tune``); for a nuclear-norm family's networks
+the default is below, at and above rank(Z*). Everything is validated before any solve or training, so a user
 error writes nothing.
 
 Outputs in ``--out-dir``: ``<run>.npz`` (trained weights, with ``objective_history`` and
 ``seconds_history``; ``<run>`` is the model, or ``<model>_m<heads>`` with several head counts),
-``convex_p<program>.npz`` (the convex solutions, as ``solve --out``: ``convex_p10.npz``, ``convex_mhsa.npz``,
-``convex_gated_mhsa.npz``), ``compare.json`` (what
+``convex_p<program>.npz`` or ``convex_<name>.npz`` (the convex solutions, as ``solve --out``: ``convex_p10.npz``
+for program (10), ``convex_<name>.npz`` for a family named by a string), ``compare.json`` (what
 ``--json`` prints), ``objective.png``, ``attention.png`` (group-lasso programs; with the teacher's
 map when DATA holds ``teacher_attention``, as ``cvxtransformer bert-data`` writes),
-``singular_values.png`` (``mhsa``; ``gated_mhsa``: one panel per gate), ``tuning.png`` (``--tune``) and, when DATA holds ``X_test``
+``singular_values.png`` (nuclear-norm programs; one panel per gate), ``tuning.png`` (``--tune``) and, when DATA holds ``X_test``
 and ``y_test``, ``test_loss.png``.
 """
 import argparse

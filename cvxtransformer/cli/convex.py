@@ -370,7 +370,7 @@ def _stored_fingerprint(res):
 
 
 def _gates(args, data, res, note=True):
-    """Where the gates come from (program (12): U1, U2; gated_mhsa: H; mixer: G): "RESULT", "DATA" or
+    """Where the gates come from (the family's gate arrays, e.g. U1, U2 of program (12)): "RESULT", "DATA" or
     "sampled (--gates G --gate-seed S)"; None for the programs without gates. When RESULT and DATA
     both hold gates and they differ, RESULT's are used (the gates Z was solved with) and, if ``note``
     (a RESULT without data fingerprint: with one, different gates are refused), a note on stderr

@@ -18,7 +18,7 @@ class ModelResult:
     name : the run's key and file name: the model (``"alternative"``), or ``"<model>_m<heads>"`` when
         it is trained with several head counts
     model : the row of :data:`cvxtransformer.comparison.models.MODELS`
-    label : how plots and the report name it, e.g. ``"linear_mhsa (5), m = 6"``
+    label : how plots and the report name it, e.g. ``"gated (11), m = 6"``
     train : :class:`cvxtransformer.nn.trainer.TrainResult`: the trained network and its history
     report : the entry of ``Comparison.to_dict()["models"]`` (objective, loss and regulariser apart,
         certified lower bound and gap, train/test loss and accuracy, ...)

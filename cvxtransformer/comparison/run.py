@@ -208,14 +208,15 @@ def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=N
 
     Parameters
     ----------
-    problem : ConvexProblem of program (8), (10), (12), "mhsa" or "gated_mhsa"
+    problem : ConvexProblem of program (8), (10), (12) or any registered family's program
         (:func:`cvxtransformer.make_problem`), at the beta every model shares (with ``tune``: only its
         data are used)
     models : list or comma-separated string from ``alternative`` (9), ``gated`` (11), ``softmax`` (3),
-        ``linear_mhsa`` (5), ``gated_mhsa`` (bounded by "gated_mhsa" on its gates), ``relu_mhsa`` (the
-        same heads with a ReLU on the scores: not bounded) and ``convex`` (Z of the program itself,
-        trained by the same optimiser); default ``alternative, softmax`` (``gated, softmax`` for (12),
-        ``linear_mhsa`` for "mhsa", ``gated_mhsa, relu_mhsa`` for "gated_mhsa")
+        ``convex`` (Z of the program itself, trained by the same optimiser) and the models that the
+        other families' reductions declare (``Reduction.models``, collected in
+        :data:`cvxtransformer.comparison.models.MODELS`: each bounded by its family's program on its
+        gates, or, marked ``bounded=False``, not bounded); default ``alternative, softmax``
+        (``gated, softmax`` for (12); for another family, its models marked ``default``)
     optimizer, lr, steps, batch_size, eval_every : the training of every network
         (:func:`cvxtransformer.nn.trainer.train`; ``lr`` default 0.01)
     heads : head count(s) of the networks, an int or a list (one run per count); default: one head
@@ -233,7 +234,8 @@ def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=N
         tuned over the same betas. The test split is not used before every choice is made.
     teacher_attention : optional (n, n) map (output token, input token) of a teacher, for the plots
         and ``attention_distance_to_teacher``
-    sequence : targets per token (y of shape (N, n, c)); default: from the "mhsa" program, else False
+    sequence : targets per token (y of shape (N, n, c)); default: True when the program's outputs are
+        per token (a program with ``pooled`` False), else False
     progress : progress bars (and, with ``tune``, one line per grid point on stderr)
 
     Returns

@@ -13,7 +13,7 @@ first one the problem allows is chosen by ``"auto"``, and recorded in the result
   ``1/2 ||A z - y||^2`` becomes ``1/2 ||R z - s||^2 + const`` with R of at most p rows (p the
   coefficients per output), computed in one pass over chunks of samples (:class:`LeastSquares`):
   the CVXPY problem does not grow with N.
-* ``"factored"`` (programs that offer it, e.g. "mhsa"): the map as a product of structured factors
+* ``"factored"`` (programs that offer it, e.g. program (6) of Sahiner et al.): the map as a product of structured factors
   (``program.cvxpy_forward(W, "factored")``), fewer coefficients than the dense design.
 * ``"direct"``: the dense design ``A`` times the variable, ``N * n_outputs`` rows.
 
@@ -106,16 +106,16 @@ class LeastSquares:
 
     from ``H = A^T A``, ``B = A^T Y`` and ``||Y||^2``, accumulated over chunks of samples (only those rows of
     X are read: memory-mapped data is never loaded whole) by the program's ``design_gram(start, stop, Y)``
-    when it has one ("mhsa": from the G_i, never forming the design), else from its design rows. Then a
+    when it has one (program (6): from its G_i, never forming the design), else from its design rows. Then a
     Cholesky factorisation with complete pivoting, ``H[perm][:, perm] = L L^T`` (LAPACK ``dpstrf``), stops at
     the numerical rank k (the pivot falls below ``p * eps * max(diag H)``): ``R = L^T`` with its columns put
     back in place (k x p, full row rank), ``S = L_k^{-1} B[perm_k]`` (k x q, ``L_k`` the leading k x k block)
     and ``const = 1/2 (||Y||^2 - ||S||^2)``, the squared norm of the part of Y outside the range of A, so
     the two sides agree for every C. Why this factor: the Gram matrix is one pass of BLAS-3 products over
     the data (half the work of a streamed QR, and the product the torch backend forms too), the pivoted
-    Cholesky costs p^2 k / 3 (an eigendecomposition ~9 p^3: seconds for "mhsa" with d = 12, p = 1728), and
+    Cholesky costs p^2 k / 3 (an eigendecomposition ~9 p^3: seconds for program (6) with d = 12, p = 1728), and
     stopping at the rank makes a singular ``A^T A`` (duplicated tokens, N < p, the symmetric ``G_i`` of
-    "mhsa", where k is about half of p) harmless: ``L_k`` is well conditioned on the range, S stays
+    program (6), where k is about half of p) harmless: ``L_k`` is well conditioned on the range, S stays
     bounded, and what is dropped is a Schur complement that is zero up to rounding. The CVXPY problem has
     k q residuals and k p q coefficients, whatever N.
 
@@ -265,7 +265,7 @@ def estimate_cvxpy_bytes(problem, form, solver, formulation="auto"):
     ``solver.bytes_per_coefficient`` per nonzero of the map (:func:`cvxpy_coefficients`), of the loss's
     cones (2 per output for the squared loss, 8 for an exponential cone) and of the regulariser's; for
     the nuclear norm, ``solver.bytes_per_psd_entry`` per entry of each PSD cone's Hessian block
-    ((t (t + 1) / 2)^2 for a cone of side t = p + q: what makes "mhsa" with d = 12 out of reach,
+    ((t (t + 1) / 2)^2 for a cone of side t = p + q: what makes program (6) with d = 12 out of reach,
     whatever N); and the arrays the builder itself holds.
     Calibrated against measured peaks (the estimate is at or above every one;
     docs/benchmark_memory.md).

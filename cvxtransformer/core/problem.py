@@ -4,7 +4,8 @@
     D(V) = sum_i -L*(-V_i)   subject to dual_norm(A^T V) <= beta
 
 with ``R`` the group lasso (programs (8), (10), (12)) or the nuclear norm (program (6) of
-Sahiner et al., ``"mhsa"``; summed over gates for ``"gated_mhsa"``). :func:`make_problem` validates
+Sahiner et al.; summed over gates for the gated families), or any registered family's regulariser
+(:mod:`.registry`). :func:`make_problem` validates
 raw user input and is the one way in; the programs it builds are looked up by name in
 :mod:`.registry`.
 """
@@ -25,7 +26,7 @@ class ConvexProblem:
     Attributes
     ----------
     program : the linear map Z -> yhat and its adjoint (:class:`~cvxtransformer.core.attention.AttentionProgram`,
-        :class:`~cvxtransformer.core.mhsa.LinearMHSAProgram` or :class:`~cvxtransformer.core.gated_mhsa.GatedMHSAProgram`)
+        or the :class:`~cvxtransformer.core.programs.Program` of another registered family: :mod:`.registry`)
     loss : :class:`~cvxtransformer.core.losses.Loss`
     T : ndarray of shape (N, n_outputs), the encoded targets
     regularizer : :class:`~cvxtransformer.core.regularizers.GroupLasso` or ``NuclearNorm``, with beta
@@ -104,26 +105,27 @@ class ConvexProblem:
 
 
 def parse_program(program):
-    """A program's name (8, 10, 12, "mhsa", "gated_mhsa") from an int or a string ("8", "mhsa"); errors
-    name the argument."""
+    """A program's name (8, 10, 12 or a registered family's name) from an int or a string ("8" or the
+    name); errors name the argument."""
     return family(program).name
 
 
 def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, gates=None, gate_seed=0,
                  n_classes=None, **gate_arrays):
-    """Validate the data and build program (8), (10), (12), the linear MHSA program ``"mhsa"``, the
-    gated-ReLU MHSA program ``"gated_mhsa"`` or the gated token-mixing program ``"mixer"``.
+    """Validate the data and build program (8), (10), (12) or the program of any registered family
+    (:mod:`.registry`: the built-in ones are listed in ``MODULES``, each documented in its module).
 
     Parameters
     ----------
     X : array of shape (N, n, d)
     y : targets as docs/conventions.md fixes them: ``(N,)`` for (8); ``(N, c)`` or ``(N, n, c)`` with the
-        squared loss; ``(N,)`` labels in {-1, +1} (logistic) or in [0, c) (cross-entropy). For
-        ``"mhsa"`` and ``"gated_mhsa"``, ``(N, n, c)`` targets are per token, all others are per
-        sequence (mean-pooled output). Labels that are not numbers (strings, booleans, ...) are class
+        squared loss; ``(N,)`` labels in {-1, +1} (logistic) or in [0, c) (cross-entropy). A family may
+        read them otherwise (its program's ``check_target_shape``; e.g. for the multi-head
+        self-attention programs, ``(N, n, c)`` targets are per token, all others are per sequence
+        through the mean-pooled output). Labels that are not numbers (strings, booleans, ...) are class
         labels: sorted, ``classes[k] -> k`` (cross-entropy), ``classes[0] -> -1``, ``classes[1] -> +1``
         (logistic), kept as ``problem.classes`` (as the command line and the estimators map them)
-    program : 8, 10, 12, "mhsa", "gated_mhsa" or "mixer" (:mod:`.registry`)
+    program : 8, 10, 12 or the name of a registered family (:mod:`.registry`)
     loss : {"squared", "logistic", "cross_entropy"} or a Loss
     beta : float > 0, the regularization weight; or
     beta_frac : float > 0, beta = beta_frac * beta_max of the data (``0 < beta_frac < 1`` gives a nonzero
@@ -133,9 +135,9 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, ga
     gates, gate_seed : how many gates to sample (default 8), and numpy's seed, for a family with gates
         whose gate arrays are not given
     **gate_arrays : the gate arrays of the program's family, by name (its program class's
-        ``gate_array_kinds``): ``U1``, ``U2`` (gate vectors (h, n) and (h, d)) of program (12), ``H``
-        (gate matrices (P, d, d)) of ``"gated_mhsa"``, ``G`` (gate vectors (P, n)) of ``"mixer"`` (whose
-        targets per channel are ``(N, n_out, d)``); sampled from ``gates`` and ``gate_seed`` when not given
+        ``gate_array_kinds``, e.g. ``U1``, ``U2``, gate vectors (h, n) and (h, d) of program (12); the
+        others are listed by :func:`.registry.gate_arrays`); sampled from ``gates`` and ``gate_seed`` when
+        not given
 
     Notes
     -----
@@ -156,10 +158,8 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, ga
     True
     >>> make_problem(X, np.where(X[:, 0, 0] > 0, "dog", "cat"), program=8, loss="logistic", beta=0.5).classes
     array(['cat', 'dog'], dtype='<U3')
-    >>> make_problem(X, X[:, :, :2], program="mhsa", beta=0.5).program.shape
-    (9, 6)
-    >>> make_problem(X, X[:, :, :2], program="gated_mhsa", beta=0.5, gates=2).program.shape
-    (2, 9, 6)
+    >>> make_problem(X, X[:, 0, :2], program=12, beta=0.5, gates=2).program.shape
+    (2, 2, 4, 3)
     """
     fam = family(program)
     program = fam.name

@@ -28,8 +28,8 @@ MODULES = {
     "cvxtransformer.core.attention": {
         8: "attention-only, scalar output", 10: "attention-only, c outputs",
         12: "attention + gated-ReLU FCN (group lasso)"},
-    "cvxtransformer.core.mhsa": {"mhsa": "linear multi-head self-attention (nuclear norm)"},
-    "cvxtransformer.core.gated_mhsa": {"gated_mhsa": "gated-ReLU multi-head self-attention (a nuclear norm per gate)"},
+    "cvxtransformer.core.mhsa": {"mhsa": "linear multi-head self-attention (nuclear norm)",
+                                 "gated_mhsa": "gated-ReLU multi-head self-attention (a nuclear norm per gate)"},
     "cvxtransformer.core.mixer": {"mixer": "gated-ReLU token mixing, the MLP-Mixer layer (a nuclear norm per gate)"},
 }
 # the options of make_problem that every family may take (besides its gate arrays)

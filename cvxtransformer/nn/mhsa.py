@@ -1,6 +1,5 @@
 """The multi-head self-attention networks of Sahiner et al. (arXiv 2205.08078), as torch modules with the
-weight-decay objectives of docs/conventions.md; the programs are in :mod:`cvxtransformer.core.mhsa` and
-:mod:`cvxtransformer.core.gated_mhsa`.
+weight-decay objectives of docs/conventions.md; the programs are in :mod:`cvxtransformer.core.mhsa`.
 
 * :class:`LinearMHSA`, network (5): ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j``,
   penalty ``beta/2 sum_j (||W1j||^2 + ||W2j||^2)``, at every token (sequence targets) or
@@ -31,8 +30,7 @@ import numpy as np
 import torch
 
 from ..core.errors import invalid
-from ..core.gated_mhsa import GatedMHSAHeads, GatedMHSAReduction, attention_masks
-from ..core.mhsa import LinearMHSAReduction, MHSAHeads
+from ..core.mhsa import GatedMHSAHeads, GatedMHSAReduction, LinearMHSAReduction, MHSAHeads, attention_masks
 from ..core.validation import check_int
 from .networks import Network, _checked_gate, _tensor
 
@@ -128,7 +126,7 @@ class GatedMHSA(_ScoredMHSA):
     """Gated-ReLU multi-head self-attention with ``m`` heads, head j on the fixed gate ``gate[j]``.
 
     ``f(X_i) = sum_j (D_g(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` with ``D_g(X)[t, s] = 1[x_t^T H_g x_s >= 0]``
-    (:func:`cvxtransformer.core.gated_mhsa.attention_masks`); ``H`` (P, d, d): the gates of the gated
+    (:func:`cvxtransformer.core.mhsa.attention_masks`); ``H`` (P, d, d): the gates of the gated
     program; ``gate`` (m,) ints in [0, P) (default ``j mod P``). Parameters, outputs and penalty as
     :class:`LinearMHSA`. The gated MHSA program is its convex equivalent: P(Z*) is a lower bound on
     this objective for every m, attained once each gate g holds rank(Z*_g) heads.
@@ -179,7 +177,7 @@ class GatedMHSA(_ScoredMHSA):
     @torch.no_grad()
     def effective_coefficients(self):
         """The coefficients Z (P, d^2, d c_token) of the gated program that this network implements
-        (:meth:`cvxtransformer.core.gated_mhsa.GatedMHSAReduction.coefficients`)."""
+        (:meth:`cvxtransformer.core.mhsa.GatedMHSAReduction.coefficients`)."""
         a = self.arrays()
         return GatedMHSAReduction.sum_heads(a["W1"], a["W2"], a["gate"], self.H.shape[0])
 

@@ -15,9 +15,9 @@ The networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of sha
   of shape (N,) or (N, c) and at every token for sequence targets (N, n, c) (as the softmax
   teacher of :func:`cvxtransformer.datasets.student_teacher`). The 1/sqrt(d) scaling of the
   scores is a reparametrisation of ``Wq`` that the paper's (3) leaves out;
-* the networks of the other families, in their own modules (e.g. :mod:`cvxtransformer.nn.mhsa`,
-  :mod:`cvxtransformer.nn.mixer`), built on :class:`Network`; :func:`build_network` builds any of them
-  by name.
+* the networks of the other families, each family's in its own module of :mod:`cvxtransformer.nn`
+  (the modules its reduction's ``models`` name), built on :class:`Network`; :func:`build_network`
+  builds any of them by name.
 
 The attention rows of (6)/(9)/(11) are stored directly and kept on the simplex by projection
 (:meth:`project_`, called by the trainer after every step): projected gradient. So every
