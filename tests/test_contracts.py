@@ -171,7 +171,7 @@ def test_gate_arrays_are_declared_by_the_families(monkeypatch):
 
 def test_compare_models_and_colours_come_from_the_families_declarations():
     from cvxtransformer.comparison.models import DEFAULT_MODELS, MODELS, _imported
-    from cvxtransformer.comparison.plots import COLORS
+    from cvxtransformer.comparison.plots import _colour
 
     declared = {m: (name, spec) for name, fam in registry.families().items()
                 for m, spec in fam.reduction.models.items()}
@@ -180,7 +180,7 @@ def test_compare_models_and_colours_come_from_the_families_declarations():
         assert name in MODELS[model].programs
         if spec:
             row = MODELS[model]
-            assert row.equation == spec["equation"] and COLORS[model] == spec["colour"]
+            assert row.equation == spec["equation"] and _colour(model) == spec["colour"]
             assert (row.bounding is not None) == spec.get("bounded", True)
             assert row.build.func is _imported and row.build.args == (spec["build"],)
             assert (model in DEFAULT_MODELS[name]) == bool(spec.get("default"))

@@ -8,6 +8,7 @@ import cvxpy as cp
 import numpy as np
 import pytest
 
+from cvxtransformer.comparison import models as compare_models
 from cvxtransformer.core import registry
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "custom_family.py"
@@ -15,6 +16,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "custom_fa
 
 def test_the_custom_family_example_runs_and_is_the_weighted_group_lasso(monkeypatch, capsys):
     monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))  # the example's family stays here
+    for table in ("MODELS", "DEFAULT_MODELS", "_JOINED"):  # and so do the models it joins in compare
+        monkeypatch.setattr(compare_models, table, type(getattr(compare_models, table))(getattr(compare_models, table)))
     spec = importlib.util.spec_from_file_location("custom_family", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
@@ -33,3 +36,14 @@ def test_the_custom_family_example_runs_and_is_the_weighted_group_lasso(monkeypa
         assert result.certificate.primal_objective == pytest.approx(direct.value, rel=1e-7)
     np.testing.assert_allclose(out["Z"], Z.value, atol=1e-5)
     assert out["certificate"].relative_gap <= 1e-8 and out["network"].gap <= 1e-8 * abs(direct.value)
+
+    # compare: network (9) is bounded by the program's own optimum (program (8) on X' = X / w, the same
+    # optimum as the weighted program), softmax attention (3) is not bounded
+    runs = {run.model: run for run in out["comparison"].models.values()}
+    assert set(runs) == {"alternative", "softmax"}
+    alt = runs["alternative"]
+    assert alt.certified_lower_bound <= direct.value * (1 + 1e-7)
+    assert alt.certified_lower_bound == pytest.approx(direct.value, rel=1e-6)
+    assert alt.objective >= direct.value * (1 - 1e-7) and alt.certified_gap >= -1e-7 * direct.value
+    assert alt.certified_gap == pytest.approx(alt.objective - alt.certified_lower_bound)
+    assert runs["softmax"].certified_gap is None

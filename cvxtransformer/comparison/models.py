@@ -180,12 +180,27 @@ MODELS = {
 DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax")}
 
 
+_JOINED = set()  # the families whose models are in MODELS
+
+
 def _add_family_models():
-    """The models the other families declare (their reduction's ``models``, :class:`~..core.reductions.Reduction`)."""
+    """The models the registered families declare (their reduction's ``models``,
+    :class:`~..core.reductions.Reduction`), added once per family; run at every lookup, so that a family
+    registered after this module was imported (e.g. in a user's file) joins too. A family of its own on
+    Proposition 1's reduction (an :class:`~..core.attention.AttentionProgram` subclass, as
+    docs/examples/custom_family.py defines) joins networks (9) and (3), as program (8) does."""
+    from ..core.attention import Proposition1
     from ..core.registry import families
 
     for name, fam in families().items():
-        for model, spec in fam.reduction.models.items():
+        if name in _JOINED:
+            continue
+        _JOINED.add(name)
+        declared = fam.reduction.models
+        if not declared and issubclass(fam.reduction, Proposition1) and name not in ATTENTION_PROGRAMS:
+            declared = {"alternative": {}, "softmax": {}}
+            DEFAULT_MODELS.setdefault(name, ("alternative", "softmax"))
+        for model, spec in declared.items():
             if not spec:  # joins a model of the comparison to this program
                 MODELS[model] = replace(MODELS[model], programs=MODELS[model].programs + (name,))
                 continue
@@ -194,7 +209,7 @@ def _add_family_models():
                                   partial(_imported, spec["build"]), HEAD_RULES[spec["heads"]], spec.get("note"),
                                   spec.get("colour"))
         if name not in DEFAULT_MODELS:
-            DEFAULT_MODELS[name] = tuple(m for m, spec in fam.reduction.models.items() if spec.get("default"))
+            DEFAULT_MODELS[name] = tuple(m for m, spec in declared.items() if spec.get("default"))
 
 
 _add_family_models()
@@ -202,12 +217,14 @@ _add_family_models()
 
 def equation(model, program):
     """The equation of a model, e.g. ``(9)``; ``convex`` is the comparison's program, trained by Adam/SGD."""
+    _add_family_models()
     return MODELS[model].equation or f"({program})"
 
 
 def check_models(models, program, tuned=False, argument="models"):
     """The list of model names of a comparison on ``program``: ``models`` as a list or a comma-separated
     string, or None for the defaults (with ``tuned``, ``convex`` is added for the group-lasso programs)."""
+    _add_family_models()
     if models is None:
         models = DEFAULT_MODELS[program] + (("convex",) if tuned and "convex" in MODELS and
                                             program in MODELS["convex"].programs else ())

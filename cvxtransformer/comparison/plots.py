@@ -24,12 +24,17 @@ import numpy as np
 from ..core.io import save_figure
 from .models import MODELS, equation
 
-COLORS = {name: model.colour for name, model in MODELS.items()}
 ATTENTION_COLUMNS = 4  # panels per row of attention.png
 # the networks of singular_values.png, one colour each (green is the convex solution's)
 NETWORK_CYCLE = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
                  "tab:olive", "tab:cyan")
 CONVEX_COLORS = {12: "tab:olive"}  # others: tab:green
+
+
+def _colour(model):
+    """A model's colour (its row of :data:`.models.MODELS`; None: matplotlib's cycle)."""
+    row = MODELS.get(model)
+    return row.colour if row is not None else None
 
 
 def convex_attention_map(Z4, n_out_tokens=None):
@@ -108,7 +113,7 @@ def plot_objective(runs, convex, path, title=""):
         t, objective = np.asarray(run["seconds"]), np.asarray(run["objective"])
         t, objective = t[t > 0], objective[t > 0]  # log time axis: from the end of the first step
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
-        style = dict(color=COLORS.get(run["model"]), ls=_style(i), label=name)
+        style = dict(color=_colour(run["model"]), ls=_style(i), label=name)
         ax.plot(t, objective, **style)
         ax_steps.plot(steps[1:], np.asarray(run["objective"])[1:], **style)
         if run.get("collapsed"):  # a cross on the last point of a network that learned nothing
@@ -228,7 +233,7 @@ def plot_test_loss(runs, convex, path):
     for name, run in runs.items():
         t, loss = np.asarray(run["eval_seconds"]), np.asarray(run["test_loss"])
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
-        ax.plot(t[t > 0], loss[t > 0], color=COLORS.get(run["model"]), ls=_style(i), label=name)
+        ax.plot(t[t > 0], loss[t > 0], color=_colour(run["model"]), ls=_style(i), label=name)
     for program, cv in convex.items():
         ax.axhline(cv["test_loss"], color=CONVEX_COLORS.get(program, "tab:green"), ls=(0, (4, 2)),
                    label=cv.get("label", f"convex ({program})"))
