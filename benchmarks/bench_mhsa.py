@@ -216,6 +216,13 @@ def main():
         "**Dual.** D(V) = sum_i -L*(-V_i) subject to ||A^T V||_2 <= beta (the spectral norm, dual of the nuclear",
         "norm); CVXPY builds it as the linear matrix inequality [[beta I, S], [S^T, beta I]] >= 0, and the primal",
         "is read back from its multiplier Lambda as Z = -2 Lambda_12. beta_max = ||A^T(-grad L(0))||_2.", "",
+        "**CVXPY forms.** CVXPY writes ||Z||_* <= t as one PSD cone of side p + q (p x q = d^2 x dc: 168 for d = 12,",
+        "c = 2). With b_i the rows of Z and Z^T Z = sum_i b_i b_i^T, also ||Z||_* = min 1/2 (tr W + sum_i s_i) over",
+        "[[W, b_i], [b_i^T, s_i]] >= 0, i = 1..d^2: d^2 cones of side dc + 1 sharing W (dc x dc), the \"rows\" form",
+        "(`ct.solve(..., nuclear_form=\"rows\")`). SCS takes it by default: it needs far fewer iterations there "
+        "(the table", "at the end); Clarabel keeps the joint cone, because the shared W fills the factor of its KKT "
+        "system (at d = 8,", "N = 2,000, measured once: 148 s in the rows form against 24 s joint, load 3-5).",
+        "",
         "**Recovery.** From the SVD Z = sum_j s_j u_j v_j^T, head j is W1j[a, k] = sqrt(s_j) u_j[k d + a] and",
         "W2j[l, b] = sqrt(s_j) v_j[l c + b]: then beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j, and network (5)",
         "with rank(Z) heads has objective P(Z). P(Z*) bounds objective (5) from below for every number of heads.",

@@ -103,7 +103,8 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
         size of Z whatever N, the factored map of "mhsa" where it is smaller), or "compressed",
         "factored", "direct" (the dense design); the one used is ``result.formulation``; and
         ``nuclear_form``, the PSD cones of a nuclear norm in the primal: "joint" (one of side p + q,
-        Clarabel's default) or "rows" (max(p, q) of side min(p, q) + 1, SCS's default; docs/mhsa.md)
+        Clarabel's default), "rows" (max(p, q) of side min(p, q) + 1) or "auto" (rows where its
+        eigendecompositions cost less, SCS's default; docs/mhsa.md)
 
     For ``beta >= beta_max`` the solution ``Z = 0`` is known in closed form; it is returned
     without calling the solver and certified like any other.

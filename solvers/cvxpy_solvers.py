@@ -19,7 +19,7 @@ from cvxtransformer.core.validation import check_allocation, check_int, check_po
 
 from .base import Solver
 
-NUCLEAR_FORMS = ("joint", "rows")  # the option nuclear_form (NuclearNorm.cvxpy_penalty)
+NUCLEAR_FORMS = ("auto", "joint", "rows")  # the option nuclear_form (NuclearNorm.cvxpy_penalty)
 
 
 def interruptible(call, poll=0.05):
@@ -68,8 +68,9 @@ class CVXPYSolver(Solver):
     bytes_per_coefficient = None
     bytes_per_psd_entry = None
     # The PSD cones of a nuclear norm in the primal (NuclearNorm.cvxpy_penalty), the default of the option
-    # nuclear_form: "joint", one cone of side p + q, or "rows", max(p, q) cones of side min(p, q) + 1; each
-    # solver's is the faster one measured on program "mhsa" (docs/mhsa.md).
+    # nuclear_form: "joint", one cone of side p + q, "rows", max(p, q) cones of side min(p, q) + 1, or
+    # "auto", rows where its eigendecompositions cost less (NuclearNorm.resolve_form); each solver's is the
+    # faster one measured on program "mhsa" (docs/mhsa.md).
     nuclear_form = "joint"
 
     def settings(self, tol, options):
@@ -110,7 +111,8 @@ class CVXPYSolver(Solver):
                          "use solver='fista' (--solver fista" + (" --form primal" if form != "primal" else "")
                          + "), the torch backend, which never forms it")
         t0 = time.perf_counter()
-        built = BUILDERS[form](problem, formulation, **({"nuclear_form": nuclear_form} if form == "primal" else {}))
+        psd = {"nuclear_form": nuclear_form} if form == "primal" else {}  # the dual has one LMI form
+        built = BUILDERS[form](problem, formulation, **psd)
         t1 = time.perf_counter()
         if verbose:
             print(f"{self.name}: the {form} of {label}, {built.formulation} formulation, built in {t1 - t0:.2f} s")
@@ -166,7 +168,7 @@ class SCS(CVXPYSolver):
     name = "scs"
     cvxpy_name = "SCS"
     bytes_per_coefficient, bytes_per_psd_entry = 450, 16
-    nuclear_form = "rows"  # "mhsa", N = 2,000, d = 12, c = 2: certified 1e-7 in 36 s, against over 200 s joint
+    nuclear_form = "auto"  # rows for "mhsa" with N = 2,000, d = 12, c = 2 (docs/mhsa.md)
     translate = {"max_iter": "max_iters", "time_limit": "time_limit_secs"}
     max_iter_limit = 2**31 - 1  # scs_int, a C int in the wheels (larger values wrap silently)
 

@@ -238,6 +238,20 @@ def test_rows_form_of_the_nuclear_norm_is_the_prox_digit_by_digit(shape):
     np.testing.assert_allclose(values["rows"], values["joint"], rtol=1e-8)
 
 
+def test_the_rows_form_is_chosen_where_its_cones_are_cheaper():
+    """"auto" takes the rows where max(p, q) eigendecompositions of side min(p, q) + 1 cost fewer flops than
+    one of side p + q: Z (144, 24) of "mhsa" with d = 12, c = 2 (144 * 25^3 < 168^3), not a square Z."""
+    from cvxtransformer.core.regularizers import NuclearNorm
+
+    assert NuclearNorm.resolve_form(144, 24) == NuclearNorm.resolve_form(24, 144) == "rows"
+    assert NuclearNorm.resolve_form(144, 144) == "joint"  # 144 * 145^3 = 4.4e8 > 288^3 = 2.4e7
+    assert NuclearNorm.resolve_form(144, 24, "joint") == "joint"
+    assert NuclearNorm.psd_cones(144, 24, "rows") == (144, 325)
+    assert NuclearNorm.psd_cones(144, 24, "joint") == (1, 168 * 169 // 2)
+    with pytest.raises(ct.InvalidInputError, match="nuclear_form"):
+        ct.solve(random_problem("mhsa", "squared", "sequence", seed=7), "scs", nuclear_form="cols")
+
+
 def test_scs_takes_the_rows_form_and_reaches_the_normnuc_optimum(monkeypatch):
     """SCS gets the "rows" PSD cones (Clarabel the joint one), and its certified optimum is that of an
     independent CVXPY problem written with cp.normNuc on the dense design."""
@@ -258,6 +272,6 @@ def test_scs_takes_the_rows_form_and_reaches_the_normnuc_optimum(monkeypatch):
     monkeypatch.setattr(NuclearNorm, "cvxpy_penalty", spy)
     for solver, form in (("scs", "rows"), ("clarabel", "joint")):
         result = ct.solve(problem, solver, tol=1e-7, refine=False)
-        assert forms[-1] == form
+        assert NuclearNorm.resolve_form(*program.shape, forms[-1]) == form
         assert result.certificate.certified and result.certificate.relative_gap <= 1e-7
         np.testing.assert_allclose(result.certificate.primal_objective, reference, rtol=1e-7)

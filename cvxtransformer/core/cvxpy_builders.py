@@ -181,7 +181,7 @@ def cvxpy_penalty(regularizer, blocks, nuclear_form="joint"):
 def build_primal(problem, formulation="auto", nuclear_form="joint"):
     """``min_Z sum_i L(yhat_i, y_i) + R(Z)``; ``yhat = A(Z)`` is an explicit constraint, or, compressed,
     ``min_Z 1/2 ||R C - S||^2 + const + R(Z)`` with the residual ``R C - S`` as the constraint.
-    ``nuclear_form``: the PSD cones of a nuclear norm, "joint" or "rows" (:func:`cvxpy_penalty`)."""
+    ``nuclear_form``: the PSD cones of a nuclear norm, "joint", "rows" or "auto" (:func:`cvxpy_penalty`)."""
     import cvxpy as cp
 
     program = check_problem(problem).program

@@ -240,9 +240,18 @@ class NuclearNorm(Regularizer):
         """``(count, entries)``: the PSD cones of the nuclear norm of a (p, q) matrix in ``form`` (see
         :meth:`cvxpy_penalty`) and the entries of each (t (t + 1) / 2 for side t): ``"joint"``, one cone of
         side p + q, ``"rows"``, max(p, q) cones of side min(p, q) + 1. An interior-point solver holds a
-        dense Hessian block of entries^2 numbers per cone."""
-        t, count = (p + q, 1) if form == "joint" else (min(p, q) + 1, max(p, q))
+        dense Hessian block of entries^2 numbers per cone; ``"auto"``: :meth:`resolve_form`."""
+        t, count = (p + q, 1) if NuclearNorm.resolve_form(p, q, form) == "joint" else (min(p, q) + 1, max(p, q))
         return count, t * (t + 1) // 2
+
+    @staticmethod
+    def resolve_form(p, q, form="auto"):
+        """``form`` for a (p, q) matrix, ``"auto"`` resolved: "rows" when its cones cost a first-order solver
+        fewer flops per iteration, one eigendecomposition each (``max(p, q) (min(p, q) + 1)^3 < (p + q)^3``:
+        Z (144, 24) of "mhsa" with d = 12, c = 2, but not a square Z), else "joint"."""
+        if form != "auto":
+            return form
+        return "rows" if max(p, q) * (min(p, q) + 1) ** 3 < (p + q) ** 3 else "joint"
 
     def cvxpy_penalty(self, blocks, form="joint"):
         """``(expression, constraints)``: ``beta * sum_g ||B_g||_*`` in CVXPY, in one of two epigraph forms.
@@ -255,14 +264,15 @@ class NuclearNorm(Regularizer):
 
         p cones of side q + 1 sharing W (q x q). Each says ``s_i >= b_i^T W^+ b_i`` (with b_i in the range
         of W), so the objective is at least ``1/2 (tr W + tr(B W^+ B^T)) >= tr (B^T B)^{1/2}``, with equality
-        at ``W = (B^T B)^{1/2}``. For Z (d^2, dc) of program "mhsa" with d = 12, c = 2: 144 cones of side
-        25 instead of one of side 168 (Hessian blocks of 1.5e7 numbers in all against 2.0e8). Which form a solver gets is its ``nuclear_form``
-        (:mod:`cvxtransformer.solvers.cvxpy_solvers`: measured, docs/mhsa.md)."""
+        at ``W = (B^T B)^{1/2}``. ``"auto"``: :meth:`resolve_form`, matrix by matrix. For Z (d^2, dc) of
+        program "mhsa" with d = 12, c = 2: 144 cones of side 25 instead of one of side 168 (Hessian blocks
+        of 1.5e7 numbers in all against 2.0e8). Which form a solver gets: its option ``nuclear_form`` (:mod:`cvxtransformer.solvers.cvxpy_solvers`;
+        measured in docs/mhsa.md)."""
         import cvxpy as cp
 
         terms, constraints = [], []
         for B in self._matrices(blocks):
-            if form == "joint":
+            if self.resolve_form(*B.shape, form) == "joint":
                 terms.append(cp.normNuc(B))
                 continue
             B = B.T if B.shape[0] < B.shape[1] else B
