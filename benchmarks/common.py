@@ -109,7 +109,7 @@ def write_doc(path, lines):
     print(f"wrote {path}")
 
 
-def _time_to_gap(build, args, solver, cap, tol):
+def _time_to_gap(build, args, solver, cap, tol, options=None):
     """The solve of :func:`time_to_gap`, in the child process."""
     import warnings
 
@@ -120,7 +120,7 @@ def _time_to_gap(build, args, solver, cap, tol):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            r = ct.solve(problem, solver, tol=tol, refine=False, time_limit=cap)
+            r = ct.solve(problem, solver, tol=tol, refine=False, time_limit=cap, **(options or {}))
     except ct.CvxTransformerError as exc:
         return dict(seconds=time.perf_counter() - t, gap=None, note=str(exc).split(";")[0][:60], rank=None)
     except MemoryError:
@@ -133,16 +133,17 @@ def _time_to_gap(build, args, solver, cap, tol):
                 note=note)
 
 
-def time_to_gap(build, args, solver, cap, tol=1e-6):
+def time_to_gap(build, args, solver, cap, tol=1e-6, options=None):
     """Seconds to a certified relative gap ``tol`` (verifier's gap, the solver's own dual point, no
     refinement) of ``build(*args)`` by ``solver``, in a fresh process that is killed when the solve
     passes ``cap`` seconds of wall time: the cap covers CVXPY's compilation too, which the solvers'
     own time limits do not bound. (A fresh process, not a fork: a fork of a process whose OpenMP
-    threads are running can deadlock.) ``build`` must be importable by the child. Returns a dict:
+    threads are running can deadlock.) ``build`` must be importable by the child; ``options`` go to
+    ``ct.solve``. Returns a dict:
     seconds, gap, rank (support size), certified (within the cap), note."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         pool.apply(os.getpid)  # the child's imports, outside the cap
-        job = pool.apply_async(_time_to_gap, (build, args, solver, cap, tol))
+        job = pool.apply_async(_time_to_gap, (build, args, solver, cap, tol, options))
         try:
             return job.get(timeout=cap + 10)  # + the problem's construction
         except multiprocessing.TimeoutError:

@@ -28,15 +28,16 @@ def choose_solver(problem, form="primal", options=None, tol=1e-6):
 
     options = dict(options or {})
     clarabel = SOLVERS["clarabel"]()
-    torch_only = sorted(set(options) - set(clarabel.translate) - set(clarabel.settings(tol, {})) - {"formulation"})
+    cvxpy_options = sorted({"formulation", "nuclear_form"} & set(options))
+    torch_only = sorted(set(options) - set(clarabel.translate) - set(clarabel.settings(tol, {})) - set(cvxpy_options))
     if form != "primal":
         return "clarabel", f"auto: the {form} form is solved by CVXPY"
     if problem.program.shards is not None:
         return "fista", "auto: a problem sharded over processes"
     if torch_only:
         return "fista", f"auto: option {torch_only[0]} is the torch backend's"
-    if "formulation" in options:
-        return "clarabel", "auto: option formulation is CVXPY's"
+    if cvxpy_options:
+        return "clarabel", f"auto: option {cvxpy_options[0]} is CVXPY's"
     formulation = options.get("formulation", "auto")
     size = float(cvxpy_coefficients(problem, formulation))
     need, room = estimate_cvxpy_bytes(problem, form, clarabel, formulation), available_bytes()
@@ -100,7 +101,10 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     options : passed to the backend (``max_iter``, ``time_limit``, solver settings; see each solver);
         the CVXPY backends take ``formulation``: "auto" (default: the squared loss compressed to the
         size of Z whatever N, a program's factored map where it offers one and it is smaller), or "compressed",
-        "factored", "direct" (the dense design); the one used is ``result.formulation``
+        "factored", "direct" (the dense design); the one used is ``result.formulation``; and
+        ``nuclear_form``, the PSD cones of a nuclear norm in the primal: "joint" (one of side p + q,
+        Clarabel's default), "rows" (max(p, q) of side min(p, q) + 1) or "auto" (rows where its
+        eigendecompositions cost less, SCS's default; docs/ has the measurements on program (6))
 
     For ``beta >= beta_max`` the solution ``Z = 0`` is known in closed form; it is returned
     without calling the solver and certified like any other.

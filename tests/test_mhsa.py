@@ -211,3 +211,67 @@ def test_bad_solutions_and_solvers_for_the_mhsa_program(monkeypatch):
     monkeypatch.setattr(cp.Problem, "solve", fail)
     with pytest.raises(ct.SolverError, match=r"solver: scs failed on the dual of program \(6\) \(linear MHSA\)"):
         ct.solve(problem, "scs", form="dual")
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6), (2, 5, 3)], ids=["tall", "wide", "stack"])
+def test_rows_form_of_the_nuclear_norm_is_the_prox_digit_by_digit(shape):
+    """min_Z 1/2 ||Z - M||^2 + beta ||Z||_* is singular-value thresholding of M, in closed form: the
+    "rows" epigraph (max(p, q) PSD cones of side min(p, q) + 1 sharing one matrix) reaches it, and so
+    does CVXPY's normNuc, for a tall and a wide matrix and a stack."""
+    from cvxtransformer.core.regularizers import NuclearNorm
+
+    M = np.random.default_rng(3).standard_normal(shape) * 3
+    beta = 1.5
+    s = np.linalg.svd(M, compute_uv=False)
+    t = np.maximum(s - beta, 0.0)
+    optimum = float(np.sum(0.5 * (s - t) ** 2 + beta * t))
+    Z = cp.Variable(shape)
+    reg = NuclearNorm(beta)
+    values = {}
+    for form in ("rows", "joint"):
+        penalty, cones = reg.cvxpy_penalty(Z, form)
+        assert len(cones) == (0 if form == "joint" else int(np.prod(shape[:-2])) * max(shape[-2:]))
+        problem = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(Z - M) + penalty), cones)
+        values[form] = problem.solve(solver="CLARABEL", tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
+        np.testing.assert_allclose(values[form], optimum, rtol=1e-8)
+        np.testing.assert_allclose(reg.value(Z.value), penalty.value, rtol=1e-7)  # the epigraph is tight
+    np.testing.assert_allclose(values["rows"], values["joint"], rtol=1e-8)
+
+
+def test_the_rows_form_is_chosen_where_its_cones_are_cheaper():
+    """"auto" takes the rows where max(p, q) eigendecompositions of side min(p, q) + 1 cost fewer flops than
+    one of side p + q: Z (144, 24) of "mhsa" with d = 12, c = 2 (144 * 25^3 < 168^3), not a square Z."""
+    from cvxtransformer.core.regularizers import NuclearNorm
+
+    assert NuclearNorm.resolve_form(144, 24) == NuclearNorm.resolve_form(24, 144) == "rows"
+    assert NuclearNorm.resolve_form(144, 144) == "joint"  # 144 * 145^3 = 4.4e8 > 288^3 = 2.4e7
+    assert NuclearNorm.resolve_form(144, 24, "joint") == "joint"
+    assert NuclearNorm.psd_cones(144, 24, "rows") == (144, 325)
+    assert NuclearNorm.psd_cones(144, 24, "joint") == (1, 168 * 169 // 2)
+    with pytest.raises(ct.InvalidInputError, match="nuclear_form"):
+        ct.solve(random_problem("mhsa", "squared", "sequence", seed=7), "scs", nuclear_form="cols")
+
+
+def test_scs_takes_the_rows_form_and_reaches_the_normnuc_optimum(monkeypatch):
+    """SCS gets the "rows" PSD cones (Clarabel the joint one), and its certified optimum is that of an
+    independent CVXPY problem written with cp.normNuc on the dense design."""
+    from cvxtransformer.core.regularizers import NuclearNorm
+
+    problem = random_problem("mhsa", "squared", "sequence", seed=7)
+    program = problem.program
+    Z = cp.Variable(program.shape)
+    fit = program.design() @ cp.reshape(Z, (-1, program.c), order="C") - problem.T.reshape(-1, program.c)
+    reference = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(fit) + problem.beta * cp.normNuc(Z))).solve(
+        solver="CLARABEL", tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
+    forms, penalty = [], NuclearNorm.cvxpy_penalty
+
+    def spy(self, blocks, form="joint"):
+        forms.append(form)
+        return penalty(self, blocks, form)
+
+    monkeypatch.setattr(NuclearNorm, "cvxpy_penalty", spy)
+    for solver, form in (("scs", "rows"), ("clarabel", "joint")):
+        result = ct.solve(problem, solver, tol=1e-7, refine=False)
+        assert NuclearNorm.resolve_form(*program.shape, forms[-1]) == form
+        assert result.certificate.certified and result.certificate.relative_gap <= 1e-7
+        np.testing.assert_allclose(result.certificate.primal_objective, reference, rtol=1e-7)

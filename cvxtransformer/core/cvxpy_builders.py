@@ -170,20 +170,29 @@ class LeastSquares:
         return problem.residual_dual(problem.program.from_cvxpy(C.reshape(shape)))
 
 
-def build_primal(problem, formulation="auto"):
+def cvxpy_penalty(regularizer, blocks, nuclear_form="joint"):
+    """``(expression, constraints)`` of ``R(Z)`` in CVXPY: the nuclear norm's in ``nuclear_form``
+    (:meth:`~.regularizers.NuclearNorm.cvxpy_penalty`), any other regulariser's ``cvxpy_value`` and no constraint."""
+    if isinstance(regularizer, NuclearNorm):
+        return regularizer.cvxpy_penalty(blocks, nuclear_form)
+    return regularizer.cvxpy_value(blocks), []
+
+
+def build_primal(problem, formulation="auto", nuclear_form="joint"):
     """``min_Z sum_i L(yhat_i, y_i) + R(Z)``; ``yhat = A(Z)`` is an explicit constraint, or, compressed,
-    ``min_Z 1/2 ||R C - S||^2 + const + R(Z)`` with the residual ``R C - S`` as the constraint."""
+    ``min_Z 1/2 ||R C - S||^2 + const + R(Z)`` with the residual ``R C - S`` as the constraint.
+    ``nuclear_form``: the PSD cones of a nuclear norm, "joint", "rows" or "auto" (:func:`cvxpy_penalty`)."""
     import cvxpy as cp
 
     program = check_problem(problem).program
     formulation = choose_formulation(problem, formulation)
     W = program.cvxpy_variable()
-    penalty = problem.regularizer.cvxpy_value(program.cvxpy_blocks(W))
+    penalty, cones = cvxpy_penalty(problem.regularizer, program.cvxpy_blocks(W), nuclear_form)
     if formulation == "compressed":
         ls = LeastSquares(problem)
         residual = cp.Variable(ls.S.shape, name="residual")
         fit = residual == ls.R @ ls.coefficients(W) - ls.S
-        prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(residual) + ls.const + penalty), [fit])
+        prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(residual) + ls.const + penalty), [fit, *cones])
         # the multiplier of the residual is -grad at the optimum: U, mapped to the whole problem
         return Built(prob, "primal", extract_Z=lambda: program.from_cvxpy(W.value),
                      extract_V=lambda: ls.dual_point(problem, fit.dual_value, W.shape), formulation=formulation)
@@ -191,7 +200,7 @@ def build_primal(problem, formulation="auto"):
     forward, factors = program.cvxpy_factored_forward(W) if formulation == "factored" else \
         (program.cvxpy_forward(W), [])
     prediction = Yhat == forward
-    prob = cp.Problem(cp.Minimize(problem.loss.cvxpy_value(Yhat, problem.T) + penalty), [prediction, *factors])
+    prob = cp.Problem(cp.Minimize(problem.loss.cvxpy_value(Yhat, problem.T) + penalty), [prediction, *factors, *cones])
     # The multiplier of yhat = A(Z) is V = -grad L(yhat) at the optimum: a dual point that is
     # as accurate as the solver's dual iterate, not only as accurate as its Z.
     return Built(prob, "primal", extract_Z=lambda: program.from_cvxpy(W.value),
@@ -258,15 +267,16 @@ def cvxpy_coefficients(problem, formulation="auto"):
     return rows * features * columns
 
 
-def estimate_cvxpy_bytes(problem, form, solver, formulation="auto"):
+def estimate_cvxpy_bytes(problem, form, solver, formulation="auto", nuclear_form=None):
     """Peak bytes that building ``problem`` in ``form`` ("primal" or "dual", the same to this
     precision) and ``formulation`` with CVXPY and solving it with ``solver`` (a CVXPY backend of
     :mod:`cvxtransformer.solvers`, which measured its own costs) will take, estimated before any of it:
     ``solver.bytes_per_coefficient`` per nonzero of the map (:func:`cvxpy_coefficients`), of the loss's
     cones (2 per output for the squared loss, 8 for an exponential cone) and of the regulariser's; for
     the nuclear norm, ``solver.bytes_per_psd_entry`` per entry of each PSD cone's Hessian block
-    ((t (t + 1) / 2)^2 for a cone of side t = p + q: what makes program (6) with d = 12 out of reach,
-    whatever N); and the arrays the builder itself holds.
+    ((t (t + 1) / 2)^2 for a cone of side t; the cones are those of ``nuclear_form`` (default: the
+    solver's) in the primal, :meth:`~.regularizers.NuclearNorm.psd_cones`, and one of side p + q in the dual: what
+    makes program (6) with d = 12 costly, whatever N); and the arrays the builder itself holds.
     Calibrated against measured peaks (the estimate is at or above every one;
     docs/benchmark_memory.md).
 
@@ -294,9 +304,11 @@ def estimate_cvxpy_bytes(problem, form, solver, formulation="auto"):
     size = int(np.prod(shape))
     cones, dense = 2 * size, 0.0
     if isinstance(problem.regularizer, NuclearNorm):
-        blocks, side = size // (shape[-2] * shape[-1]), shape[-2] + shape[-1]
-        cones = blocks * side * (side + 1) // 2 + size
-        dense = solver.bytes_per_psd_entry * blocks * (side * (side + 1) / 2) ** 2
+        psd_form = (nuclear_form or getattr(solver, "nuclear_form", "joint")) if form == "primal" else "joint"
+        count, entries = NuclearNorm.psd_cones(*shape[-2:], psd_form)
+        count *= size // (shape[-2] * shape[-1])
+        cones = count * entries + size
+        dense = solver.bytes_per_psd_entry * count * float(entries) ** 2
     loss = outputs * (2 if problem.loss.quadratic else 8)
     coefficients = cvxpy_coefficients(problem, formulation) + loss + cones
     return int(solver.bytes_per_coefficient * coefficients + dense + held + BYTES_FIXED)

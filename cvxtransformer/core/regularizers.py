@@ -235,6 +235,55 @@ class NuclearNorm(Regularizer):
 
         return self.beta * sum(cp.normNuc(B) for B in self._matrices(blocks))
 
+    @staticmethod
+    def psd_cones(p, q, form):
+        """``(count, entries)``: the PSD cones of the nuclear norm of a (p, q) matrix in ``form`` (see
+        :meth:`cvxpy_penalty`) and the entries of each (t (t + 1) / 2 for side t): ``"joint"``, one cone of
+        side p + q, ``"rows"``, max(p, q) cones of side min(p, q) + 1. An interior-point solver holds a
+        dense Hessian block of entries^2 numbers per cone; ``"auto"``: :meth:`resolve_form`."""
+        t, count = (p + q, 1) if NuclearNorm.resolve_form(p, q, form) == "joint" else (min(p, q) + 1, max(p, q))
+        return count, t * (t + 1) // 2
+
+    @staticmethod
+    def resolve_form(p, q, form="auto"):
+        """``form`` for a (p, q) matrix, ``"auto"`` resolved: "rows" when its cones cost a first-order solver
+        fewer flops per iteration, one eigendecomposition each (``max(p, q) (min(p, q) + 1)^3 < (p + q)^3``:
+        Z (144, 24) of program (6) with d = 12, c = 2, but not a square Z), else "joint"."""
+        if form != "auto":
+            return form
+        return "rows" if max(p, q) * (min(p, q) + 1) ** 3 < (p + q) ** 3 else "joint"
+
+    def cvxpy_penalty(self, blocks, form="joint"):
+        """``(expression, constraints)``: ``beta * sum_g ||B_g||_*`` in CVXPY, in one of two epigraph forms.
+
+        ``"joint"`` is CVXPY's own ``normNuc``: ``||B||_* = min 1/2 (tr W1 + tr W2)`` over
+        ``[[W1, B], [B^T, W2]] >= 0``, one PSD cone of side p + q. ``"rows"``: with ``b_i`` the rows of the
+        taller side of B (B (p, q), p >= q, transposed if not) and ``B^T B = sum_i b_i b_i^T``,
+
+            ||B||_* = min 1/2 (tr W + sum_i s_i)   over   [[W, b_i], [b_i^T, s_i]] >= 0,  i = 1..p:
+
+        p cones of side q + 1 sharing W (q x q). Each says ``s_i >= b_i^T W^+ b_i`` (with b_i in the range
+        of W), so the objective is at least ``1/2 (tr W + tr(B W^+ B^T)) >= tr (B^T B)^{1/2}``, with equality
+        at ``W = (B^T B)^{1/2}``. ``"auto"``: :meth:`resolve_form`, matrix by matrix. For Z (d^2, dc) of
+        program (6) with d = 12, c = 2: 144 cones of side 25 instead of one of side 168 (Hessian blocks
+        of 1.5e7 numbers in all against 2.0e8). Which form a solver gets: its option ``nuclear_form`` (:mod:`cvxtransformer.solvers.cvxpy_solvers`;
+        measured in the docs of program (6))."""
+        import cvxpy as cp
+
+        terms, constraints = [], []
+        for B in self._matrices(blocks):
+            if self.resolve_form(*B.shape, form) == "joint":
+                terms.append(cp.normNuc(B))
+                continue
+            B = B.T if B.shape[0] < B.shape[1] else B
+            p, q = B.shape
+            W, s = cp.Variable((q, q), symmetric=True), cp.Variable(p)
+            for i in range(p):
+                row = cp.reshape(B[i, :], (1, q), order="C")
+                constraints.append(cp.bmat([[W, row.T], [row, cp.reshape(s[i], (1, 1), order="C")]]) >> 0)
+            terms.append(0.5 * (cp.trace(W) + cp.sum(s)))
+        return self.beta * sum(terms), constraints
+
     def cvxpy_dual_constraint(self, blocks):
         """``||G_g||_2 <= beta`` as the linear matrix inequalities ``[[beta I, G_g], [G_g^T, beta I]] >= 0``;
         the primal is read back from their multipliers ``Lambda_g``: ``Z_g = -2 (Lambda_g)_12``
