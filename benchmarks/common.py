@@ -56,9 +56,10 @@ START = (time.time(), load())  # when this module was imported: at a benchmark's
 
 
 def commit():
-    """The commit of the code measured: its short hash, and whether tracked files differed from it."""
+    """The commit of the code measured: its short hash, and whether tracked files outside docs/ differed from
+    it (the pages and figures a benchmark writes are not the code it measures)."""
     head = _sh(f"git -C '{ROOT}' rev-parse --short HEAD") or "unknown"
-    changed = _sh(f"git -C '{ROOT}' status --porcelain --untracked-files=no")
+    changed = _sh(f"git -C '{ROOT}' status --porcelain --untracked-files=no -- . ':(exclude)docs'")
     return head + (" with uncommitted changes" if changed else "")
 
 
