@@ -1,7 +1,9 @@
+import json
 import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,6 +23,34 @@ def _quiet_cvxpy_warnings():
         warnings.filterwarnings("ignore", message="Solution may be inaccurate")
         warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
         yield
+
+
+def gates_through_the_command_line(tmp_path, capsys, program, gate, y_shape):
+    """``solve`` (3 gates, seed 5, fista) then ``verify`` (with another --gates: RESULT's gates are used) of a
+    gated family from the command line, then ``solve`` from a DATA folder holding 2 of those gates as
+    ``<gate>.npy``. Returns (X, y, args, the solve's JSON, the verify's JSON, the RESULT file, the folder's
+    JSON), for the family's own assertions."""
+    from cvxtransformer.cli import main
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((30, 4, 3)), rng.standard_normal(y_shape)
+    data = tmp_path / "d.npz"
+    np.savez(data, X=X, y=y)
+    out = tmp_path / "r.npz"
+    args = ["--program", program, "--loss", "squared", "--beta-frac", "0.3"]
+    assert main(["solve", str(data), *args, "--gates", "3", "--gate-seed", "5", "--solver", "fista", "--out", str(out),
+                 "--json"]) == 0
+    solved = json.loads(capsys.readouterr().out)
+    saved = np.load(out)
+    assert main(["verify", str(data), str(out), *args, "--gates", "7", "--json"]) == 0
+    verified = json.loads(capsys.readouterr().out)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name, a in (("X", X), ("y", y), (gate, saved[gate][:2])):
+        np.save(folder / f"{name}.npy", a)
+    assert main(["solve", str(folder), *args, "--json", "--no-refine"]) in (0, 1)
+    from_folder = json.loads(capsys.readouterr().out)
+    return X, y, args, solved, verified, saved, from_folder
 
 
 def run_doc_examples(name):

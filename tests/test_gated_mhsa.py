@@ -16,7 +16,7 @@ from cvxtransformer.core.mhsa import GatedMHSAHeads, GatedMHSAReduction
 from cvxtransformer.nn.mhsa import GatedMHSA, ReluMHSA
 from cvxtransformer.testing import check_training_against_bound
 
-from conftest import GATED_MHSA_CASES, case_id, random_problem, run_doc_examples
+from conftest import GATED_MHSA_CASES, case_id, gates_through_the_command_line, random_problem, run_doc_examples
 
 # One sample, n = 2 tokens, d = 1: x = (2, -1); two gates h = +1 and h = -1.
 X1 = np.array([[[2.0], [-1.0]]])
@@ -197,30 +197,14 @@ def test_chunks_and_float32_give_the_same_map(chunk):
 
 
 def test_command_line_solve_and_verify_with_gates_in_data_and_result(tmp_path, capsys):
-    rng = np.random.default_rng(0)
-    X, y = rng.standard_normal((30, 4, 3)), rng.standard_normal((30, 4, 2))
-    data = tmp_path / "d.npz"
-    np.savez(data, X=X, y=y)
-    out = tmp_path / "r.npz"
-    args = ["--program", "gated_mhsa", "--loss", "squared", "--beta-frac", "0.3"]
-    assert main(["solve", str(data), *args, "--gates", "3", "--gate-seed", "5", "--solver", "fista", "--out", str(out),
-                 "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    X, y, args, s, v, saved, folder = gates_through_the_command_line(tmp_path, capsys, "gated_mhsa", "H", (30, 4, 2))
     assert s["program"] == "gated_mhsa" and s["certified"] and s["support_size"] >= 1
-    saved = np.load(out)
     np.testing.assert_array_equal(saved["H"], ct.sample_gate_matrices(3, 3, seed=5))
     assert saved["Z"].shape == (3, 9, 6)
     # verify takes the gates from RESULT, whatever --gates says
-    assert main(["verify", str(data), str(out), *args, "--gates", "7", "--json"]) == 0
-    v = json.loads(capsys.readouterr().out)
     assert v["certified"] and v["primal_objective"] == pytest.approx(s["primal_objective"], rel=1e-14)
     # a DATA folder with H.npy: its gates are used
-    folder = tmp_path / "data"
-    folder.mkdir()
-    for name, a in (("X", X), ("y", y), ("H", saved["H"][:2])):
-        np.save(folder / f"{name}.npy", a)
-    assert main(["solve", str(folder), *args, "--json", "--no-refine"]) in (0, 1)
-    assert json.loads(capsys.readouterr().out)["beta_max"] == pytest.approx(
+    assert folder["beta_max"] == pytest.approx(
         ct.make_problem(X, y, program="gated_mhsa", H=saved["H"][:2], beta=1.0).beta_max(), rel=1e-12)
 
 

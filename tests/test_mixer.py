@@ -19,7 +19,7 @@ from cvxtransformer.core.mixer import MixerReduction, MixerUnits, channel_gates
 from cvxtransformer.nn.mixer import GatedMixer, ReluMixer
 from cvxtransformer.testing import check_gap, check_kkt, check_recovery, check_training_against_bound
 
-from conftest import random_targets, run_doc_examples
+from conftest import gates_through_the_command_line, random_targets, run_doc_examples
 
 # One sample, n = 2 tokens, d = 1 channel x = (3, 4), one gate h = (1, 0) (h.x = 3 >= 0: open),
 # n_out = 2 outputs per channel with target y = (1.2, 1.6).
@@ -249,34 +249,19 @@ def test_adam_with_enough_units_reaches_the_optimum_and_one_unit_cannot():
 
 
 def test_command_line_solve_and_verify_with_gates_in_data_and_result(tmp_path, capsys):
-    rng = np.random.default_rng(0)
-    X, y = rng.standard_normal((30, 4, 3)), rng.standard_normal((30, 2, 3))
-    data = tmp_path / "d.npz"
-    np.savez(data, X=X, y=y)
-    out = tmp_path / "r.npz"
-    args = ["--program", "mixer", "--loss", "squared", "--beta-frac", "0.3"]
-    assert main(["solve", str(data), *args, "--gates", "3", "--gate-seed", "5", "--solver", "fista", "--out", str(out),
-                 "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    X, y, args, s, v, saved, folder = gates_through_the_command_line(tmp_path, capsys, "mixer", "G", (30, 2, 3))
     assert s["program"] == "mixer" and s["certified"] and s["support_size"] >= 1
-    saved = np.load(out)
     np.testing.assert_array_equal(saved["G"], np.random.default_rng(5).standard_normal((3, 4)))
     assert saved["Z"].shape == (3, 2, 4)
     # verify takes the gates from RESULT, whatever --gates says
-    assert main(["verify", str(data), str(out), *args, "--gates", "7", "--json"]) == 0
-    v = json.loads(capsys.readouterr().out)
     assert v["certified"] and v["gates"] == "RESULT"
     assert v["primal_objective"] == pytest.approx(s["primal_objective"], rel=1e-14)
     # a DATA folder with G.npy, and a .npz with G: their gates are used
-    folder = tmp_path / "data"
-    folder.mkdir()
-    for name, a in (("X", X), ("y", y), ("G", saved["G"][:2])):
-        np.save(folder / f"{name}.npy", a)
-    np.savez(tmp_path / "g.npz", X=X, y=y, G=saved["G"][:2])
     expected = ct.make_problem(X, y, program="mixer", G=saved["G"][:2], beta=1.0).beta_max()
-    for source in (folder, tmp_path / "g.npz"):
-        assert main(["solve", str(source), *args, "--json", "--no-refine"]) in (0, 1)
-        assert json.loads(capsys.readouterr().out)["beta_max"] == pytest.approx(expected, rel=1e-12)
+    assert folder["beta_max"] == pytest.approx(expected, rel=1e-12)
+    np.savez(tmp_path / "g.npz", X=X, y=y, G=saved["G"][:2])
+    assert main(["solve", str(tmp_path / "g.npz"), *args, "--json", "--no-refine"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["beta_max"] == pytest.approx(expected, rel=1e-12)
     # bad gates in DATA: exit code 2, one line on stderr, no output file
     np.savez(tmp_path / "bad.npz", X=X, y=y, G=np.ones((2, 5)))
     assert main(["solve", str(tmp_path / "bad.npz"), *args, "--out", str(tmp_path / "bad_out.npz")]) == 2
