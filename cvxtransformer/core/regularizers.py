@@ -29,6 +29,7 @@ class Regularizer:
     faces of :data:`~.contracts.REGULARIZER_FACES` (checked when a family using it is registered)."""
 
     name = None
+    block_ndim = None  # the trailing axes of Z that one block spans (read by core.design)
 
     def __init__(self, beta):
         self.beta = float(beta)
@@ -51,6 +52,7 @@ class GroupLasso(Regularizer):
     """
 
     name = "group_lasso"
+    block_ndim = 1  # a block (group) spans the last axis of Z
 
     @staticmethod
     def group_norms(Z):
@@ -145,6 +147,7 @@ class NuclearNorm(Regularizer):
     """
 
     name = "nuclear_norm"
+    block_ndim = 2  # a block (matrix) spans the last two axes of Z
 
     @numpy_face
     def norm(self, Z):
