@@ -277,7 +277,7 @@ def _balanced(weights, ord=1):
 class WeightDecayAttention(AlternativeAttention):
     """Network (9w): network (9) with ordinary weight decay, penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||^2)``
     (the sum of squares of every weight but the attention rows, which lie on the simplex): the network people
-    train with AdamW or torch's ``weight_decay``, bounded by program 10wd (docs/conventions.md)."""
+    train with AdamW or torch's ``weight_decay``, bounded by program (10) with ordinary weight decay (a nuclear norm per token; docs/conventions.md)."""
 
     name = "alternative_wd"
     ord = 2  # the norm on each head's output vector in the Lemma-1 form
@@ -287,7 +287,7 @@ class WeightDecayAttention(AlternativeAttention):
 
     @classmethod
     def from_weights(cls, weights, n=None, d=None, c=None, **kwargs):
-        """The network of the heads of a :class:`AttentionHeads` (e.g. recovered from program 10wd)."""
+        """The network of the heads of a :class:`AttentionHeads` (e.g. recovered from the weight-decay form of program (10))."""
         W1, W2, W3 = _balanced(weights, cls.ord)
         n, d, c = (W.shape[1] if v is None else v for W, v in ((W1, n), (W2, d), (W3, c)))
         return cls(n, d, c, 0, **kwargs).set_weights(W1, W2, W3)
@@ -295,14 +295,14 @@ class WeightDecayAttention(AlternativeAttention):
 
 class GatedWeightDecayAttention(GatedAttention):
     """Network (11w): network (11) with ordinary weight decay, penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||^2)``,
-    bounded by program 12wd on its gates."""
+    bounded by the weight-decay form of program (12) on its gates."""
 
     name = "gated_wd"
     penalty = WeightDecayAttention.penalty
 
     @classmethod
     def from_weights(cls, weights, U1, U2, n=None, d=None, c=None, **kwargs):
-        """The network of the heads and gates of :class:`AttentionHeads` recovered from program 12wd."""
+        """The network of the heads and gates of :class:`AttentionHeads` recovered from the weight-decay form of program (12)."""
         if weights.gate is None:
             raise invalid("weights.gate", "each head's gate (weights recovered from a gated program)", "None")
         W1, W2, W3 = _balanced(weights, WeightDecayAttention.ord)
