@@ -103,32 +103,14 @@ def _around_rank(problem, solution):
     return sorted({max(1, r - 1), max(1, r), max(1, 2 * r)})
 
 
-def _alternative(problem, heads, sequence, seed):
-    from ..nn.networks import AlternativeAttention
+def _attention(cls, problem, heads, sequence, seed):
+    """Network (9), (11) or their weight-decay forms: the class ``cls`` of :mod:`cvxtransformer.nn.networks`,
+    on the program's gates for a gated one."""
+    from ..nn import networks
 
     p = problem.program
-    return AlternativeAttention(p.n, p.d, p.n_outputs, heads, seed=seed)
-
-
-def _gated(problem, heads, sequence, seed):
-    from ..nn.networks import GatedAttention
-
-    p = problem.program
-    return GatedAttention(p.n, p.d, p.n_outputs, heads, p.U1, p.U2, seed=seed)
-
-
-def _alternative_wd(problem, heads, sequence, seed):
-    from ..nn.networks import WeightDecayAttention
-
-    p = problem.program
-    return WeightDecayAttention(p.n, p.d, p.n_outputs, heads, seed=seed)
-
-
-def _gated_wd(problem, heads, sequence, seed):
-    from ..nn.networks import GatedWeightDecayAttention
-
-    p = problem.program
-    return GatedWeightDecayAttention(p.n, p.d, p.n_outputs, heads, p.U1, p.U2, seed=seed)
+    gates = (p.U1, p.U2) if cls.startswith("Gated") else ()
+    return getattr(networks, cls)(p.n, p.d, p.n_outputs, heads, *gates, seed=seed)
 
 
 def _softmax(problem, heads, sequence, seed):
@@ -208,10 +190,14 @@ HEAD_RULES = {"groups": _groups, "support": _support, "around_rank": _around_ran
 # the same networks with ordinary weight decay (9w)/(11w) against their programs (a nuclear norm per token)
 WD_PROGRAMS = (10, 12) + tuple(WEIGHT_DECAY.values())
 MODELS = {
-    "alternative": Model("(9)", ATTENTION_PROGRAMS, _program_10, _alternative, _groups, colour="tab:orange"),
-    "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, _gated, _groups, colour="tab:red"),
-    "alternative_wd": Model("(9w)", WD_PROGRAMS, _program_10wd, _alternative_wd, _support, colour="tab:green"),
-    "gated_wd": Model("(11w)", WD_PROGRAMS, _program_12wd, _gated_wd, _support, colour="tab:olive"),
+    "alternative": Model("(9)", ATTENTION_PROGRAMS, _program_10, partial(_attention, "AlternativeAttention"), _groups,
+                         colour="tab:orange"),
+    "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, partial(_attention, "GatedAttention"), _groups,
+                   colour="tab:red"),
+    "alternative_wd": Model("(9w)", WD_PROGRAMS, _program_10wd, partial(_attention, "WeightDecayAttention"), _support,
+                            colour="tab:green"),
+    "gated_wd": Model("(11w)", WD_PROGRAMS, _program_12wd, partial(_attention, "GatedWeightDecayAttention"), _support,
+                      colour="tab:olive"),
     "softmax": Model("(3)", ATTENTION_PROGRAMS, None, _softmax, colour="tab:purple"),
     "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex, colour="tab:cyan"),
 }
