@@ -171,7 +171,7 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
             raise InvalidInputError("validation: tune needs a validation split (X_val, y_val)")
         tune = {"lr": _check_grid("tune['lr']", tune.get("lr", LR_GRID)),
                 "beta_frac": _check_grid("tune['beta_frac']", tune.get("beta_frac", BETA_GRID))}
-    models = check_models(models, program, tuned=tune is not None)
+    models = check_models(models, program, tuned=tune is not None, outputs=problem.program.n_outputs)
     heads = check_heads(heads)
     if tune is not None and heads is not None and len(heads) > 1:
         raise invalid("heads", "one head count with tune", repr(heads))
