@@ -229,16 +229,16 @@ def _module_objective(module, problem, Z):
 BOUND_ROUNDING = 1e-9  # relative excess of D(V) over the objective taken as rounding (both are sums over N)
 
 
-def _checked_bound(dual, objective):
+def _checked_bound(dual, objective, penalty):
     """The certified lower bound ``D(V)``, which can never exceed the objective of a network of the family
     (``D(V) <= P(Z*) <= P(Z) <= objective``): an excess beyond rounding is an error, never a negative gap;
-    within rounding the bound is the objective (a gap of 0)."""
+    within rounding the bound is the objective (a gap of 0). ``penalty``: the family's, in words."""
     excess = dual - objective
     if excess > BOUND_ROUNDING * max(abs(objective), abs(dual)):
         raise InvalidInputError(
             f"network: its objective {objective:.10g} is below the certified lower bound D(V) = {dual:.10g} of "
             "every network of the family, which is impossible for a network in it: its penalty is smaller than the "
-            "family's or its outputs are not the program's at its coefficients; nothing is certified")
+            f"family's ({penalty}) or its outputs are not the program's at its coefficients; nothing is certified")
     return min(dual, objective)
 
 
@@ -313,7 +313,7 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     objective = (_module_objective(module, problem, Z) if module is not None
                  else float(reduction.objective(problem, weights)))
     cert = certify(problem, Z, tol=tol, refine=refine, refine_time=refine_time)
-    lower_bound = _checked_bound(cert.dual_objective, objective)
+    lower_bound = _checked_bound(cert.dual_objective, objective, reduction.penalty)
     gap = objective - lower_bound
     return NetworkCertificate(network=reduction.equations.get(problem.program.name, ""), program=problem.program.name,
                               objective=objective, lower_bound=lower_bound, gap=gap,

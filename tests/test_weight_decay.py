@@ -271,6 +271,17 @@ def test_certify_network_takes_heads_dicts_and_tensors(instance):
     assert cert10.objective > own  # its l1-squared penalty is larger than the user's
 
 
+def test_a_weight_decay_module_measured_against_program_10_is_refused_naming_the_penalty(instance):
+    from cvxtransformer.nn.networks import WeightDecayAttention
+
+    X, Y, ten, wd, sol10, solwd = instance
+    net = WeightDecayAttention.from_weights(ct.recover_weights(wd, solwd.Z))  # the optimum of (9w): below p*(10)
+    assert ct.certify_network(wd, net).gap == pytest.approx(solwd.certificate.duality_gap, abs=1e-7)
+    with pytest.raises(InvalidInputError, match=r"^network: its objective .* is below the certified lower bound .*"
+                                                r"\|\|w_3j\|\|_1\^2.*10wd"):
+        ct.certify_network(ten, net)
+
+
 def test_certify_network_bad_weights(instance):
     X, Y, ten, wd, sol10, solwd = instance
     W1, W2, W3 = np.full((2, 4), 0.25), np.ones((2, 3)), np.ones((2, 3))
