@@ -146,6 +146,9 @@ class NetworkCertificate:
     relative_gap : ``gap / lower_bound`` (+inf when ``lower_bound <= 0 < objective``), a bound on the
         network's relative distance ``(objective - p*) / p*`` to the global optimum
     heads : the network's number of heads
+    penalty : the penalty of the family's objective, in words (its reduction's ``penalty``): the objective
+        certified is the loss plus this penalty, so a network trained with another penalty (e.g. ordinary
+        weight decay, where the family squares an l1 norm) has another objective and another family
     Z : the coefficients the network implements (the program's shape), ``coefficients(problem, weights)``
     certificate : the verifier's :class:`~cvxtransformer.core.certificate.Certificate` at Z
         (``primal_objective`` is P(Z) <= objective; its dual point gives the bound)
@@ -158,6 +161,7 @@ class NetworkCertificate:
     gap: float
     relative_gap: float
     heads: int
+    penalty: str
     Z: np.ndarray
     certificate: object
 
@@ -225,16 +229,16 @@ def _module_objective(module, problem, Z):
 BOUND_ROUNDING = 1e-9  # relative excess of D(V) over the objective taken as rounding (both are sums over N)
 
 
-def _checked_bound(dual, objective):
+def _checked_bound(dual, objective, penalty):
     """The certified lower bound ``D(V)``, which can never exceed the objective of a network of the family
     (``D(V) <= P(Z*) <= P(Z) <= objective``): an excess beyond rounding is an error, never a negative gap;
-    within rounding the bound is the objective (a gap of 0)."""
+    within rounding the bound is the objective (a gap of 0). ``penalty``: the family's, in words."""
     excess = dual - objective
     if excess > BOUND_ROUNDING * max(abs(objective), abs(dual)):
         raise InvalidInputError(
             f"network: its objective {objective:.10g} is below the certified lower bound D(V) = {dual:.10g} of "
             "every network of the family, which is impossible for a network in it: its penalty is smaller than the "
-            "family's or its outputs are not the program's at its coefficients; nothing is certified")
+            f"family's ({penalty}) or its outputs are not the program's at its coefficients; nothing is certified")
     return min(dual, objective)
 
 
@@ -274,8 +278,14 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         are checked against the program's at Z), the reduction's ``objective`` (in numpy, from the
         weights) for arrays.
 
+    The penalty is the family's (``NetworkCertificate.penalty`` says it in words). Programs (10) and (12)
+    assume ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``, an l1 norm squared on each head's output vector;
+    a network trained with ordinary weight decay (AdamW, or ``weight_decay`` in any torch optimiser:
+    ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_2^2)``) is bounded by their weight-decay forms, a nuclear norm
+    per token (registered by the attention family beside them; docs/conventions.md), not by (10)/(12).
+
     Your own torch module: map its parameters to the heads. Network (9) computes
-    ``yhat_i = sum_j (w_1j^T X_i w_2j) w_3j`` with penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``:
+    ``yhat_i = sum_j (w_1j^T X_i w_2j) w_3j``:
     stack each head's attention row (e.g. ``softmax(logits_j)``, on the simplex), value vector and
     output vector as the rows of ``W1``, ``W2``, ``W3``. Network (5) computes
     ``sum_j X_i W1j X_i^T X_i W2j`` with penalty ``beta/2 sum_j (||W1j||^2 + ||W2j||^2)``: a linear
@@ -303,9 +313,9 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
     objective = (_module_objective(module, problem, Z) if module is not None
                  else float(reduction.objective(problem, weights)))
     cert = certify(problem, Z, tol=tol, refine=refine, refine_time=refine_time)
-    lower_bound = _checked_bound(cert.dual_objective, objective)
+    lower_bound = _checked_bound(cert.dual_objective, objective, reduction.penalty)
     gap = objective - lower_bound
     return NetworkCertificate(network=reduction.equations.get(problem.program.name, ""), program=problem.program.name,
                               objective=objective, lower_bound=lower_bound, gap=gap,
-                              relative_gap=relative_gap(objective, lower_bound), heads=weights.heads, Z=Z,
-                              certificate=cert)
+                              relative_gap=relative_gap(objective, lower_bound), heads=weights.heads,
+                              penalty=reduction.penalty, Z=Z, certificate=cert)

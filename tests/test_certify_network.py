@@ -302,6 +302,6 @@ def test_issue33_a_bound_above_the_objective_raises_never_a_negative_gap():
     from cvxtransformer.verify import _checked_bound
 
     with pytest.raises(ct.InvalidInputError, match="network: its objective 2.27 is below the certified lower bound"):
-        _checked_bound(15.1, 2.27)
-    assert _checked_bound(2.27 * (1 + 1e-13), 2.27) == 2.27       # rounding: a gap of 0
-    assert _checked_bound(1.5, 2.27) == 1.5
+        _checked_bound(15.1, 2.27, "the penalty")
+    assert _checked_bound(2.27 * (1 + 1e-13), 2.27, "") == 2.27       # rounding: a gap of 0
+    assert _checked_bound(1.5, 2.27, "") == 1.5

@@ -118,6 +118,8 @@ def test_generic_code_reads_the_family():
     labels = {name: (f.label, f.gate_arrays, f.program.support_label) for name, f in registry.families().items()}
     assert labels == {8: ("program (8)", (), "nonzero groups"), 10: ("program (10)", (), "nonzero groups"),
                       12: ("program (12)", ("U1", "U2"), "nonzero groups"),
+                      "10wd": ("program (10wd)", (), "rank, summed over the tokens"),
+                      "12wd": ("program (12wd)", ("U1", "U2"), "rank, summed over the tokens"),
                       "mhsa": ("program (6) (linear MHSA)", (), "rank"),
                       "gated_mhsa": ("gated-ReLU MHSA program", ("H",), "rank, summed over the gates"),
                       "mixer": ("gated-ReLU token-mixing program (MLP-Mixer)", ("G",), "rank, summed over the gates")}
@@ -175,7 +177,8 @@ def test_compare_models_and_colours_come_from_the_families_declarations():
 
     declared = {m: (name, spec) for name, fam in registry.families().items()
                 for m, spec in fam.reduction.models.items()}
-    assert set(declared) - {"softmax"} == set(MODELS) - {"alternative", "gated", "softmax", "convex"}
+    own = {"alternative", "gated", "alternative_wd", "gated_wd", "softmax", "convex"}  # the attention networks'
+    assert set(declared) - {"softmax"} == set(MODELS) - own
     for model, (name, spec) in declared.items():
         assert name in MODELS[model].programs
         if spec:

@@ -25,7 +25,7 @@ y = rng.standard_normal(10)
     (dict(loss="cross_entropy", program=10, y=np.zeros(10, int)), r"y: expected at least 2 classes"),
     (dict(loss="cross_entropy", program=8, y=np.zeros(10, int)), r"loss: expected one of .* for program \(8\)"),
     (dict(loss="hinge"), r"loss: expected one of \['cross_entropy', 'logistic', 'squared'\], got 'hinge'"),
-    (dict(program=9), r"program: expected one of 8, 10, 12, .mhsa., .gated_mhsa., .mixer., got 9"),
+    (dict(program=9), r"program: expected one of 8, 10, 12, .10wd., .12wd., .mhsa., .gated_mhsa., .mixer., got 9"),
     (dict(beta=0.0), r"beta: expected a finite number > 0, got 0.0"),
     (dict(beta=-1.0), r"beta: expected a finite number > 0"),
     (dict(beta=float("nan")), r"beta: expected a finite number > 0, got nan"),

@@ -151,7 +151,7 @@ def test_mixer_classifier_and_the_generic_classifier_agree():
 
 def test_the_estimators_take_registered_programs_only():
     X = np.random.default_rng(0).standard_normal((10, 3, 2))
-    with pytest.raises(InvalidInputError, match=r"^program: expected one of 8, 10, 12, 'mhsa', 'gated_mhsa', 'mixer'"):
+    with pytest.raises(InvalidInputError, match=r"^program: expected one of 8, 10, 12, '10wd', '12wd', 'mhsa', 'gated_mhsa', 'mixer'"):
         ConvexRegressor(program="nope").fit(X, X[:, 0, :1])
     with pytest.raises(InvalidInputError, match=r"use MixerRegressor or MixerClassifier for 'mixer'"):
         AttentionRegressor(program="mixer").fit(X, X[:, :1, :])
@@ -276,7 +276,7 @@ def test_init_stores_parameters_only_and_params_round_trip():
     (AttentionRegressor(beta_frac=0), "real", r"beta_frac: expected a finite number > 0"),
     (AttentionRegressor(beta=1.0, beta_frac=0.1), "real", r"beta, beta_frac: expected exactly one of them, got both"),
     (AttentionRegressor(program=9), "real",
-     r"program: expected one of 8, 10, 12, 'mhsa', 'gated_mhsa', 'mixer', got 9"),
+     r"program: expected one of 8, 10, 12, '10wd', '12wd', 'mhsa', 'gated_mhsa', 'mixer', got 9"),
     (AttentionRegressor(program="mhsa"), "real", r"use MHSARegressor or MHSAClassifier"),
     (AttentionRegressor(solver="mosek"), "real", r"solver: expected 'auto' or one of \['clarabel', 'fista', 'scs'\], got 'mosek'"),
     (AttentionRegressor(refine="sometimes"), "real", r"refine: expected True, False or 'auto'"),

@@ -242,7 +242,7 @@ def test_estimators_match_the_functional_api():
     (dict(U1=np.zeros((2, 3)), U2=np.zeros((2, 2))), r"U1, U2: expected no gate vectors for program \(gated_mhsa\)"),
     (dict(program="mhsa", H=np.zeros((1, 2, 2))), r"H: expected no gate matrices for program \(mhsa\).*'gated_mhsa'"),
     (dict(program=12, H=np.zeros((1, 2, 2))), r"H: expected no gate matrices for program \(12\)"),
-    (dict(program="gated"), r"program: expected one of 8, 10, 12, 'mhsa', 'gated_mhsa'"),
+    (dict(program="gated"), r"program: expected one of 8, 10, 12, '10wd', '12wd', 'mhsa', 'gated_mhsa'"),
     (dict(y=np.zeros((5, 4, 1))), r"y: expected sequence targets of shape \(N, n=3, c\)"),
     (dict(beta=-1.0), r"beta: expected a finite number > 0"),
 ])

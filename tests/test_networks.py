@@ -190,6 +190,6 @@ def test_build_network_builds_the_networks_the_families_declare():
     with pytest.raises(ct.InvalidInputError, match=r"^H: expected the gate matrices of gated-ReLU MHSA program for "
                                                     r"the gated_mhsa network, got None"):
         build_network("gated_mhsa", 4, 3, 2, heads=1)
-    with pytest.raises(ct.InvalidInputError, match=r"^model: expected one of \('alternative', 'gated', 'softmax', "
+    with pytest.raises(ct.InvalidInputError, match=r"^model: expected one of \('alternative', 'gated', 'alternative_wd', 'gated_wd', 'softmax', "
                                                     r"'linear_mhsa', .*'relu_mixer'\), got 'transformer'"):
         build_network("transformer", 2, 1, 1, heads=1)

@@ -140,7 +140,8 @@ def test_memory_mapped_programs_are_streamed_and_exact(tmp_path, dtype, chunk):
     assert b.operator_norm() == pytest.approx(a.operator_norm(), rel=1e-12)
 
 
-@pytest.mark.parametrize("program, loss, target", [(12, "cross_entropy", "classes"), ("mhsa", "logistic", "binary")])
+@pytest.mark.parametrize("program, loss, target", [(12, "cross_entropy", "classes"), ("mhsa", "logistic", "binary"),
+                                                   ("12wd", "cross_entropy", "classes")])
 def test_a_certified_check_reads_streamed_data_once(tmp_path, monkeypatch, program, loss, target):
     """On streamed data, yhat, the dual point and A^T V come from one pass (each row read once), and the
     check's numbers are those of the verifier's function with a forward and an adjoint pass."""
@@ -168,11 +169,13 @@ def test_a_certified_check_reads_streamed_data_once(tmp_path, monkeypatch, progr
     torch.testing.assert_close(check.G, G, rtol=1e-13, atol=1e-13)
 
 
-@pytest.mark.parametrize("program, loss, target", [(12, "logistic", "binary"), ("mhsa", "squared", "sequence")])
+@pytest.mark.parametrize("program, loss, target", [(12, "logistic", "binary"), ("mhsa", "squared", "sequence"),
+                                                   ("10wd", "squared", "vector")])
 def test_a_memory_mapped_float32_problem_solves_like_its_copy(tmp_path, program, loss, target):
     rng = np.random.default_rng(4)
     X = rng.standard_normal((60, 4, 3)).astype(np.float32).astype(float)
-    y = np.where(rng.standard_normal(60) > 0, 1.0, -1.0) if target == "binary" else rng.standard_normal((60, 4, 2))
+    y = {"binary": np.where(rng.standard_normal(60) > 0, 1.0, -1.0), "sequence": rng.standard_normal((60, 4, 2)),
+         "vector": rng.standard_normal((60, 3))}[target]
     folder = _save(tmp_path / "data", X=X.astype(np.float32), y=y)
     Xm, ym = open_data(folder).rows()
     assert isinstance(Xm, np.memmap) and Xm.dtype == np.float32

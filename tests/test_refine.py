@@ -22,12 +22,21 @@ def reference(case):
     return _REFERENCE[case]
 
 
+def matrices(case, A):
+    """The matrices of a nuclear-norm family's coefficients (or scores): one, one per gate, or, for the
+    weight-decay programs, one per token, ``A[j, :, k, :]`` (c x d), as a view (..., p, q)."""
+    return np.swapaxes(A, -3, -2) if case[0] in ("10wd", "12wd") else A
+
+
 def along_the_support(case, Z, rng):
     """A direction that keeps the support of Z: nonzero groups only (group lasso), or the row and
     column spaces of Z (nuclear norm). Along it P is smooth, so P(Z + delta D) - p* ~ delta^2."""
     if case in GROUP_LASSO_CASES:
         D = rng.standard_normal(Z.shape)
         return D * (np.linalg.norm(Z, axis=-1, keepdims=True) > 0)
+    if case[0] in ("10wd", "12wd"):  # each token's matrix in its own spaces
+        tokens = np.ascontiguousarray(matrices(case, Z))
+        return np.ascontiguousarray(matrices(case, along_the_support(("mhsa",) + case[1:], tokens, rng)))
     D = np.zeros_like(Z)
     for g, Zg in enumerate(Z.reshape(-1, *Z.shape[-2:])):  # each matrix (one per gate) in its own spaces
         U, s, Wh = np.linalg.svd(Zg, full_matrices=False)
@@ -120,6 +129,7 @@ def test_refined_dual_point_is_feasible_by_an_independent_computation(case):
     if case in GROUP_LASSO_CASES:
         norm = np.linalg.norm(G, axis=-1).max()
     else:  # the largest spectral norm over the matrices (one, or one per gate)
+        G = matrices(case, G)
         norm = max(np.linalg.norm(Gg, 2) for Gg in G.reshape(-1, *G.shape[-2:]))
     assert norm <= problem.beta * (1 + 1e-12)
     T = problem.T

@@ -11,6 +11,8 @@ and Sahiner et al.):
 
 * alternative attention (6)/(9): program (8) when ``--program 8``, else program (10);
 * gated-ReLU network (11): program (12), with the same gates U1, U2;
+* the same networks with ordinary weight decay, (9w) and (11w) (the default with several outputs): the
+  attention programs with a nuclear norm per token (docs/conventions.md);
 * the networks of the other registered families (``--program`` NAME; each family's reduction declares
   them in ``models``, :data:`cvxtransformer.comparison.models.MODELS`; docs/ has a page per family):
   each against its family's program, with the same gate arrays. A model declared not ``bounded`` (the
@@ -76,10 +78,12 @@ def configure(p):
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0 (shared by every model)")
     beta.add_argument("--beta-frac", type=positive_float, metavar="F", help="beta = F * beta_max of --program on DATA")
     p.add_argument("--models", default=None, metavar="M1,M2",
-                   help="comma-separated names of models that join --program: alternative, gated, softmax, convex "
-                        "for 8/10/12, the networks each other family declares (cvxtransformer.comparison.MODELS); "
-                        "default: alternative,softmax; gated,softmax for --program 12; the family's own for the "
-                        "others; with --tune, convex is added for 8/10/12")
+                   help="comma-separated names of models that join --program: alternative, gated (penalty with "
+                        "an l1 norm squared on each output vector), alternative_wd, gated_wd (ordinary weight decay), "
+                        "softmax, convex for the attention programs, the networks each other family declares "
+                        "(cvxtransformer.comparison.MODELS); default: alternative_wd,softmax (gated_wd,softmax on a "
+                        "gated program) with several outputs, alternative,softmax (gated,softmax) with one; the "
+                        "family's own for the others; with --tune, convex is added for the attention programs")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="the networks' optimiser")
     p.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate (default 0.01; objectives are sums over samples, so SGD needs about 1/(N L))")
@@ -87,7 +91,8 @@ def configure(p):
     p.add_argument("--batch-size", type=positive_int, default=None, help="mini-batch size (default: full batch)")
     p.add_argument("--heads", default=None, metavar="M[,M2,...]",
                    help="heads of the networks, one count or several (default: the number of groups of the "
-                        "bounding program for (9)/(11), enough for any convex solution; for the networks of a "
+                        "bounding program for (9)/(11), enough for any convex solution; the support of Z* (its "
+                        "per-token ranks summed) for (9w)/(11w), as many as the optimum needs; for the networks of a "
                         "nuclear-norm family, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates))")
     p.add_argument("--gates", type=positive_int, default=8,
                    help="gates sampled when DATA has none of the program's gate arrays: h of program (12) and "
@@ -149,7 +154,9 @@ def prepare(args):
                                 "an existing file")
     data = load_npz(args.data, "DATA", ("X", "y"))
     grid = _check_mode(args, data)
-    models = check_models(args.models, args.program, tuned=grid is not None, argument="--models")
+    # the defaults depend on the targets' outputs: plan() chooses them once the problem is built
+    models = None if args.models is None else check_models(args.models, args.program, tuned=grid is not None,
+                                                            argument="--models")
     heads = check_heads(args.heads, argument="--heads")
     if grid is not None and heads is not None and len(heads) > 1:
         raise InvalidInputError(f"--heads: expected one head count with --tune, got {args.heads!r}")

@@ -23,12 +23,16 @@ from typing import Callable, Optional
 
 from ..core.errors import invalid
 
-ATTENTION_PROGRAMS = (8, 10, 12)
+from ..core.attention import WeightDecayProgram
+
+WEIGHT_DECAY = WeightDecayProgram.names  # the program with ordinary weight decay of each map: {10: ..., 12: ...}
+ATTENTION_PROGRAMS = (8, 10, 12) + tuple(WEIGHT_DECAY.values())
 
 
-def attention_problem(problem, number, gates=8, gate_seed=0):
-    """Program ``number`` (8, 10 or 12) on the data, loss and encoded targets of ``problem`` (a
-    problem of program (8), (10) or (12)), at its beta; ``problem`` itself if it is that program.
+def attention_problem(problem, number, gates=8, gate_seed=0, weight_decay=False):
+    """Program ``number`` (8, 10 or 12; with ``weight_decay`` its form with ordinary weight decay, a nuclear
+    norm per token) on the data, loss and encoded targets of ``problem`` (a problem of one of these
+    programs), at its beta; ``problem`` itself if it is that program.
 
     Program (12) takes the gates of ``problem`` when it has some, else ``gates``: a count h (the
     vectors are sampled from ``gate_seed`` as :func:`cvxtransformer.make_problem` samples them), a
@@ -40,7 +44,7 @@ def attention_problem(problem, number, gates=8, gate_seed=0):
     from ..core.validation import check_array, check_int
 
     program = problem.program
-    if program.name == number:
+    if program.name == (WEIGHT_DECAY[number] if weight_decay else number):
         return problem
     U1 = U2 = None
     if isinstance(gates, dict):
@@ -56,7 +60,7 @@ def attention_problem(problem, number, gates=8, gate_seed=0):
                               f"{U1.shape} and {U2.shape}")
         else:
             U1, U2 = sample_gates(check_int("gates", gates, 1), program.n, program.d, gate_seed)
-    other = AttentionProgram(number, program.X, program.n_outputs, U1, U2)
+    other = (WeightDecayProgram if weight_decay else AttentionProgram)(number, program.X, program.n_outputs, U1, U2)
     return ConvexProblem(other, problem.loss, problem.T, other.regularizer_class(problem.beta))
 
 
@@ -70,6 +74,16 @@ def _program_12(problem, gates, gate_seed):
     return attention_problem(problem, 12, gates, gate_seed)
 
 
+def _program_10wd(problem, gates, gate_seed):
+    """Network (9w) is bounded by program (10) with ordinary weight decay."""
+    return attention_problem(problem, 10, weight_decay=True)
+
+
+def _program_12wd(problem, gates, gate_seed):
+    """Network (11w) is bounded by program (12) with ordinary weight decay, on the same gates."""
+    return attention_problem(problem, 12, gates, gate_seed, weight_decay=True)
+
+
 def _itself(problem, gates, gate_seed):
     return problem
 
@@ -79,6 +93,12 @@ def _groups(problem, solution):
     return [problem.program.n_blocks]
 
 
+def _support(problem, solution):
+    """As many heads as the optimum needs: its support (Proposition 1's nonzero groups, or the ranks of the
+    token matrices summed), at least one."""
+    return [max(1, solution.certificate.support_size)]
+
+
 def _around_rank(problem, solution):
     """For the networks of a nuclear-norm program: below, at and above rank(Z*) (summed over the gates), the
     number of heads the optimum needs."""
@@ -86,18 +106,14 @@ def _around_rank(problem, solution):
     return sorted({max(1, r - 1), max(1, r), max(1, 2 * r)})
 
 
-def _alternative(problem, heads, sequence, seed):
-    from ..nn.networks import AlternativeAttention
+def _attention(cls, problem, heads, sequence, seed):
+    """Network (9), (11) or their weight-decay forms: the class ``cls`` of :mod:`cvxtransformer.nn.networks`,
+    on the program's gates for a gated one."""
+    from ..nn import networks
 
     p = problem.program
-    return AlternativeAttention(p.n, p.d, p.n_outputs, heads, seed=seed)
-
-
-def _gated(problem, heads, sequence, seed):
-    from ..nn.networks import GatedAttention
-
-    p = problem.program
-    return GatedAttention(p.n, p.d, p.n_outputs, heads, p.U1, p.U2, seed=seed)
+    gates = (p.U1, p.U2) if cls.startswith("Gated") else ()
+    return getattr(networks, cls)(p.n, p.d, p.n_outputs, heads, *gates, seed=seed)
 
 
 def _softmax(problem, heads, sequence, seed):
@@ -171,16 +187,25 @@ def _imported(path, *args):
     return getattr(importlib.import_module(module), name)(*args)
 
 
-HEAD_RULES = {"groups": _groups, "around_rank": _around_rank, "per_gate_ranks": _per_gate_ranks}
+HEAD_RULES = {"groups": _groups, "support": _support, "around_rank": _around_rank, "per_gate_ranks": _per_gate_ranks}
 
-# the comparison's own models: the networks of Proposition 1 (Ergen et al.) against programs (8)/(10)/(12)
+# the comparison's own models: the networks of Proposition 1 (Ergen et al.) against programs (8)/(10)/(12), and
+# the same networks with ordinary weight decay (9w)/(11w) against their programs (a nuclear norm per token)
+WD_PROGRAMS = (10, 12) + tuple(WEIGHT_DECAY.values())
 MODELS = {
-    "alternative": Model("(9)", ATTENTION_PROGRAMS, _program_10, _alternative, _groups, colour="tab:orange"),
-    "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, _gated, _groups, colour="tab:red"),
+    "alternative": Model("(9)", ATTENTION_PROGRAMS, _program_10, partial(_attention, "AlternativeAttention"), _groups,
+                         colour="tab:orange"),
+    "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, partial(_attention, "GatedAttention"), _groups,
+                   colour="tab:red"),
+    "alternative_wd": Model("(9w)", WD_PROGRAMS, _program_10wd, partial(_attention, "WeightDecayAttention"), _support,
+                            colour="tab:green"),
+    "gated_wd": Model("(11w)", WD_PROGRAMS, _program_12wd, partial(_attention, "GatedWeightDecayAttention"), _support,
+                      colour="tab:olive"),
     "softmax": Model("(3)", ATTENTION_PROGRAMS, None, _softmax, colour="tab:purple"),
     "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex, colour="tab:cyan"),
 }
-DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax")}
+DEFAULT_MODELS = {8: ("alternative", "softmax"), 10: ("alternative", "softmax"), 12: ("gated", "softmax"),
+                  WEIGHT_DECAY[10]: ("alternative_wd", "softmax"), WEIGHT_DECAY[12]: ("gated_wd", "softmax")}
 
 
 _JOINED = set()  # the families whose models are in MODELS
@@ -224,15 +249,26 @@ def equation(model, program):
     return (MODELS[model].equation if model in MODELS else None) or f"({program})"
 
 
-def check_models(models, program, tuned=False, argument="models"):
+def default_models(program, outputs=1):
+    """The models a comparison on ``program`` trains when none are named. With several outputs (``outputs``
+    >= 2), on programs (10) and (12), the networks people train, with ordinary weight decay ((9w), (11w),
+    bounded by the weight-decay programs); networks (9)/(11), whose penalty squares an l1 norm of each head's
+    output vector, are trained when named."""
+    _add_family_models()
+    if outputs >= 2 and program in WEIGHT_DECAY:
+        program = WEIGHT_DECAY[program]
+    return DEFAULT_MODELS[program]
+
+
+def check_models(models, program, tuned=False, argument="models", outputs=1):
     """The list of model names of a comparison on ``program``: ``models`` as a list or a comma-separated
-    string, or None for the defaults (with ``tuned``, ``convex`` is added for the group-lasso programs;
-    an empty list for a family that declares no models, and for an empty list: the networks of
-    :func:`~.run.compare` may be all there is)."""
+    string, or None for the defaults (:func:`default_models`, for ``outputs`` outputs; with ``tuned``,
+    ``convex`` is added for the programs it joins); an empty list for a family that declares no models, and
+    for an empty list: the networks of :func:`~.run.compare` may be all there is."""
     _add_family_models()
     if models is None:
-        models = DEFAULT_MODELS[program] + (("convex",) if tuned and "convex" in MODELS and
-                                            program in MODELS["convex"].programs else ())
+        models = default_models(program, outputs) + (("convex",) if tuned and "convex" in MODELS and
+                                                     program in MODELS["convex"].programs else ())
     if isinstance(models, (list, tuple)) and not models:
         return []
     text = models

@@ -224,7 +224,7 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
             raise InvalidInputError("validation: tune needs a validation split (X_val, y_val)")
         tune = {"lr": _check_grid("tune['lr']", tune.get("lr", LR_GRID)),
                 "beta_frac": _check_grid("tune['beta_frac']", tune.get("beta_frac", BETA_GRID))}
-    models = check_models(models, program, tuned=tune is not None)
+    models = check_models(models, program, tuned=tune is not None, outputs=problem.program.n_outputs)
     networks = _check_networks(networks, problem, models)
     if not models and not networks:
         raise invalid("models", f"a model of compare for {problem.program.label}", "none: its family declares none",

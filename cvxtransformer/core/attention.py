@@ -44,10 +44,11 @@ from .errors import invalid
 from .programs import CHUNK_BYTES, Program, _SampleOperator
 from .reductions import ALL_LOSSES, Reduction
 from .registry import register
-from .regularizers import GroupLasso
+from .regularizers import GroupLasso, TokenNuclearNorm
 from .validation import check_array, check_gates_memory, check_int
 
-__all__ = ["AttentionHeads", "AttentionProgram", "Proposition1", "gate_mask", "sample_gates"]
+__all__ = ["AttentionHeads", "AttentionProgram", "Proposition1", "WeightDecayProgram", "WeightDecayReduction",
+           "gate_mask", "sample_gates"]
 
 
 def sample_gates(gates, n, d, seed=0):
@@ -506,6 +507,11 @@ class AttentionProgram(Program):
         return cls(12, X, T.shape[1], U1, U2)
 
     @classmethod
+    def loss_hint(cls, number, loss):
+        """What to do instead when program ``number`` does not take the loss named ``loss``."""
+        return "use program 10 or 12 for several outputs"
+
+    @classmethod
     def check_targets(cls, number, y):
         """Program (8) has a scalar output: targets of shape (N,)."""
         if number == 8 and y.ndim != 1:
@@ -546,7 +552,7 @@ class AttentionProgram(Program):
 
     def on(self, X):
         """The same program (same gates) on other data ``X`` (N', n, d), e.g. a test split."""
-        return AttentionProgram(self.number, np.asarray(X, dtype=float), self.c, self.U1, self.U2)
+        return type(self)(self.number, np.asarray(X, dtype=float), self.c, self.U1, self.U2)
 
     def _make_operator(self, Xs, device, chunk):
         mask = None if self.mask is None else torch.from_numpy(self.mask).to(device=device, dtype=Xs.dtype)
@@ -650,9 +656,21 @@ class Proposition1(Reduction):
     forms = ("balanced", "lemma1")
     networks = {"alternative": 10, "alternative_scalar": 8, "gated": 12}
     equations = {8: "(9)", 10: "(9)", 12: "(11)"}
+    penalty = ("beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2), an l1 norm squared on each head's output vector; a "
+               "network trained with ordinary weight decay (||w_3j||_2^2, as AdamW or torch's weight_decay give) is "
+               "bounded by program 10wd (12wd with gates) instead")
 
-    @staticmethod
-    def coefficients(problem, weights):
+    @classmethod
+    def penalty_of(cls, problem, weights):
+        """The penalty of the heads ``weights`` in their form: ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``
+        (balanced), or ``beta sum_j ||w_2j|| ||w_3j||_1`` (Lemma 1, value vectors normalised first)."""
+        W2, W3 = weights.W2, np.abs(weights.W3).sum(axis=1)
+        if weights.form == "balanced":
+            return 0.5 * problem.beta * float(np.sum(W2 ** 2) + np.sum(W3 ** 2))
+        return problem.beta * float(np.linalg.norm(W2, axis=1) @ W3)
+
+    @classmethod
+    def coefficients(cls, problem, weights):
         """Coefficients Z (the program's shape) that the network (9) (programs (8)/(10)) or (11)
         (program (12), on the program's gates) with heads ``weights`` implements:
 
@@ -663,10 +681,11 @@ class Proposition1(Reduction):
         most the network's objective in either form (checked here: rows off the simplex are refused).
         """
         program = problem.program
+        network = cls.equations.get(program.name, "(9)/(11)")
         if not isinstance(weights, AttentionHeads):
-            raise invalid("weights", f"AttentionHeads (W1, W2, W3), the heads of network (9)/(11), for {program.label}",
+            raise invalid("weights", f"AttentionHeads (W1, W2, W3), the heads of network {network}, for {program.label}",
                           type(weights).__name__)
-        Proposition1.check_form(weights.form, "weights.form")
+        cls.check_form(weights.form, "weights.form")
         h, c, n, d = program.canonical_shape
         W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
         m = W1.shape[0] if W1.ndim == 2 else -1
@@ -683,14 +702,15 @@ class Proposition1(Reduction):
                           "of logits, or project it onto the simplex")
         gate = weights.gate
         if (gate is None) != (program.mask is None):
-            raise invalid("weights.gate", "each head's gate (network (11)) for program (12), and none for "
-                          "(8)/(10)", "None" if gate is None else "gates",
-                          "network (9) is bounded by program (10), network (11) by program (12) on its gates")
+            raise invalid("weights.gate", f"each head's gate for {program.label}" if program.mask is not None else
+                          f"no gates for {program.label}", "None" if gate is None else "gates",
+                          "networks without gates are bounded by a program without them ((8), (10)), gated ones "
+                          "by one with their gates ((12))")
         gate = np.zeros(m, dtype=int) if gate is None else np.asarray(gate)
         if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= h)):
             raise invalid("weights.gate", f"{m} integers in [0, {h}) (rows of the program's U1, U2)",
                           f"shape {gate.shape}, dtype {gate.dtype}")
-        return Proposition1.sum_heads(W1, W2, W3, gate, h).reshape(program.shape)
+        return cls.sum_heads(W1, W2, W3, gate, h).reshape(program.shape)
 
     @staticmethod
     def sum_heads(W1, W2, W3, gate, h):
@@ -704,10 +724,10 @@ class Proposition1(Reduction):
                 Z[g, :, k] = W3[rows].T @ (W1[rows, k, None] * W2[rows])
         return Z
 
-    @staticmethod
-    def invert(problem, Z, form="balanced"):
+    @classmethod
+    def invert(cls, problem, Z, form="balanced"):
         """The heads of Proposition 1 from coefficients Z (the program's shape)."""
-        Proposition1.check_form(form)
+        cls.check_form(form)
         program = problem.program
         Z4 = np.asarray(Z, dtype=float).reshape(program.canonical_shape)
         h, c, n, d = Z4.shape
@@ -718,8 +738,8 @@ class Proposition1(Reduction):
         return AttentionHeads(W1=np.eye(n)[k], W2=z / scale[:, None], W3=np.eye(c)[l] * scale[:, None],
                               gate=j if program.mask is not None else None, form=form)
 
-    @staticmethod
-    def objective(problem, weights):
+    @classmethod
+    def objective(cls, problem, weights):
         """Objective (6)/(9) (or (11) with gates) of a network with the given heads.
 
         ``sum_i L(sum_j g_ij (w_1j^T X_i w_2j) w_3j, y_i) + penalty``, with ``g_ij = 1`` for (6)/(9)
@@ -728,8 +748,8 @@ class Proposition1(Reduction):
         unit value vectors; other heads are first normalised (``w_2j / ||w_2j||``, ``w_3j ||w_2j||``:
         the same outputs, the smallest penalty the form allows), so it is ``beta sum_j ||w_2j|| ||w_3j||_1``.
         """
-        Proposition1.check_form(weights.form, "weights.form")
-        program, beta = problem.program, problem.beta
+        cls.check_form(weights.form, "weights.form")
+        program = problem.program
         Yhat = np.empty((program.N, weights.W3.shape[1]))
         step = max(1, 2**20 // max(1, program.X[:1].size + weights.W1.shape[0]))  # X may be a memory map
         for s in range(0, program.N, step):
@@ -739,11 +759,7 @@ class Proposition1(Reduction):
                 U1, U2 = program.U1[weights.gate], program.U2[weights.gate]
                 scores *= _bilinear(U1, X, U2) >= 0
             Yhat[s:s + step] = scores @ weights.W3
-        if weights.form == "balanced":
-            penalty = 0.5 * beta * float(np.sum(weights.W2 ** 2) + np.sum(np.abs(weights.W3).sum(axis=1) ** 2))
-        else:
-            penalty = beta * float(np.linalg.norm(weights.W2, axis=1) @ np.abs(weights.W3).sum(axis=1))
-        return problem.loss.value(Yhat, problem.T) + penalty
+        return problem.loss.value(Yhat, problem.T) + cls.penalty_of(problem, weights)
 
 
 # cases: the (loss, target kind) pairs of cvxtransformer.testing.CASES
@@ -753,3 +769,113 @@ register(10, AttentionProgram, Proposition1, ALL_LOSSES,
          cases=(("squared", "vector"), ("squared", "sequence"), ("cross_entropy", "classes"), ("logistic", "binary")))
 register(12, AttentionProgram, Proposition1, ALL_LOSSES, ("U1", "U2", "gates", "gate_seed"),
          cases=(("squared", "vector"), ("cross_entropy", "classes"), ("logistic", "binary")))
+
+
+# ---- ordinary weight decay: the programs "10wd" and "12wd" (docs/conventions.md, the last section) ----------
+
+class WeightDecayProgram(AttentionProgram):
+    """Program ``"10wd"`` or ``"12wd"``: the map of program (10) or (12) with a nuclear norm per token,
+
+        P(Z) = sum_i L(yhat_i, y_i) + beta sum_j sum_k ||Z[j, :, k, :]||_*
+
+    the convex program of networks (9w)/(11w), the attention networks (9)/(11) with ordinary weight decay
+    ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_2^2)`` (:class:`WeightDecayReduction`). Z, its shapes, the map, its
+    torch operators and the CVXPY design are those of program (10) (``(c, n, d)``) or (12) (``(h, c, n, d)``);
+    the regulariser is :class:`~.regularizers.TokenNuclearNorm`. With one output (c = 1) it is program (10)
+    (or (12)) itself; the logistic loss, which has one output, is refused (use program 8 or 12).
+
+    Parameters
+    ----------
+    number : 10 or 12, the program whose map it has
+    X, n_outputs, U1, U2 : as :class:`AttentionProgram`
+    """
+
+    regularizer_class = TokenNuclearNorm
+    support_label = "rank, summed over the tokens"
+    names = {10: "10wd", 12: "12wd"}  # the program of each map
+
+    @classmethod
+    def build(cls, name, X, y, T, **options):
+        """Program ``"10wd"`` or ``"12wd"`` on validated data (``make_problem``), as program (10) or (12)."""
+        return super().build(int(name[:-2]), X, y, T, **options)
+
+    @classmethod
+    def loss_hint(cls, name, loss):
+        return ("with one output a nuclear norm is a Euclidean norm: this program with the logistic loss is "
+                "program (8) (12wd is (12)); use program 8 or 12")
+
+    def __init__(self, number, X, n_outputs, U1=None, U2=None):
+        super().__init__(number, X, n_outputs, U1, U2)
+        self.name = f"{number}wd"
+
+    @property
+    def label(self):
+        return f"program ({self.name})"
+
+    @property
+    def n_blocks(self):
+        """Number of singular directions, ``h n min(c, d)``."""
+        return self.h * self.n * min(self.c, self.d)
+
+    def block_norms(self):
+        """``||A_g||`` for every token block g = (gate j, token k), shape ``shape[:-3] + (n,)`` (numpy, exact,
+        cached): the map of the block's ``c x d`` matrix is the identity on the outputs times the group map of
+        program (10)/(12), so its norm is that group's. Used by the rank screening of each token's matrix."""
+        if self._block_norms is None:
+            self._block_norms = self.operator().block_norms().numpy().reshape(self.shape[:-3] + (self.n,))
+        return self._block_norms
+
+    def cvxpy_blocks(self, W):
+        """The token matrices as a (h*n, d, c) expression: block ``j*n + k`` is ``Z[j, :, k, :]^T``."""
+        import cvxpy as cp
+
+        return cp.reshape(W, (self.h * self.n, self.d, self.c), order="C")
+
+    def from_blocks(self, B):
+        """Z (public shape) from a (h*n, d, c) value in the layout of :meth:`cvxpy_blocks`."""
+        return self.from_cvxpy(np.asarray(B).reshape(-1, self.c))
+
+
+class WeightDecayReduction(Proposition1):
+    """Networks (9w)/(11w) <-> programs 10wd/12wd: networks (9)/(11) with ordinary weight decay.
+
+    A network's heads give ``Z[g, :, k, :] = sum_{j: gate(j) = g} w_1j[k] w_3j w_2j^T`` (:meth:`coefficients`,
+    as Proposition 1), the same outputs, and, the attention rows summing to 1,
+    ``sum_k ||Z[g, :, k, :]||_* <= sum_j ||w_3j|| ||w_2j|| <= sum_j (||w_2j||^2 + ||w_3j||^2) / 2``: P(Z) is
+    at most the network's objective. The SVD of each token's matrix, ``sum_r s_r a_r b_r^T``, gives heads
+    ``w_1 = e_k``, ``w_2 = sqrt(s_r) b_r``, ``w_3 = sqrt(s_r) a_r`` (balanced) or ``w_2 = b_r``,
+    ``w_3 = s_r a_r`` (Lemma-1 form, penalty ``beta ||w_3||_2``) that attain it (:meth:`invert`): one head per
+    singular direction, ``sum_k rank(Z*[:, k, :])`` heads in all.
+    """
+
+    networks = {"alternative_wd": "10wd", "gated_wd": "12wd"}
+    equations = {"10wd": "(9w)", "12wd": "(11w)"}
+    penalty = ("beta/2 sum_j (||w_2j||^2 + ||w_3j||_2^2), ordinary weight decay on every weight (as AdamW or "
+               "torch's weight_decay give)")
+
+    @classmethod
+    def penalty_of(cls, problem, weights):
+        """``beta/2 sum_j (||w_2j||^2 + ||w_3j||^2)`` (balanced) or ``beta sum_j ||w_2j|| ||w_3j||`` (Lemma 1)."""
+        if weights.form == "balanced":
+            return 0.5 * problem.beta * float(np.sum(weights.W2 ** 2) + np.sum(weights.W3 ** 2))
+        return problem.beta * float(np.linalg.norm(weights.W2, axis=1) @ np.linalg.norm(weights.W3, axis=1))
+
+    @classmethod
+    def invert(cls, problem, Z, form="balanced"):
+        """One head per singular direction of each token's matrix (the class docstring)."""
+        cls.check_form(form)
+        program = problem.program
+        h, c, n, d = program.canonical_shape
+        Z4 = np.asarray(Z, dtype=float).reshape(h, c, n, d)
+        U, s, Wh = np.linalg.svd(TokenNuclearNorm.tokens(Z4), full_matrices=False)  # token matrices (h, n, c, d)
+        j, k, r = np.nonzero(np.arange(s.shape[-1]) < TokenNuclearNorm.ranks(Z4)[..., None])
+        sigma = s[j, k, r]
+        root = np.sqrt(sigma) if form == "balanced" else np.ones_like(sigma)
+        return AttentionHeads(W1=np.eye(n)[k], W2=Wh[j, k, r] * root[:, None], W3=U[j, k, :, r] * (sigma / root)[:, None],
+                              gate=j if program.mask is not None else None, form=form)
+
+
+register("10wd", WeightDecayProgram, WeightDecayReduction, ("squared", "cross_entropy"),
+         cases=(("squared", "vector"), ("squared", "sequence"), ("cross_entropy", "classes")))
+register("12wd", WeightDecayProgram, WeightDecayReduction, ("squared", "cross_entropy"), ("U1", "U2", "gates", "gate_seed"),
+         cases=(("squared", "vector"), ("cross_entropy", "classes")))

@@ -77,6 +77,8 @@ WORKING_SET_FACES = {
     "group_lasso": {"the block working set": ("restrict", "block_norms", "block_norm_bounds")},
     # the gates of Z (P, p, q) (a single matrix is one gate): restrict(J) keeps entries J of axis 0
     "nuclear_norm": {"the gate working set": ("restrict",)},
+    # the blocks (gate j, token k) of Z (h, c, n, d), as the group lasso's
+    "token_nuclear_norm": {"the token working set": ("restrict", "block_norms", "block_norm_bounds")},
 }
 # The fast paths, each reached by offering its first face, with the faces it brings along. gram(T) ->
 # (H, B): the squared loss from H = A_l^T A_l (F, F), one Gram matrix shared by the outputs, and

@@ -305,8 +305,9 @@ def estimate_cvxpy_bytes(problem, form, solver, formulation="auto", nuclear_form
     cones, dense = 2 * size, 0.0
     if isinstance(problem.regularizer, NuclearNorm):
         psd_form = (nuclear_form or getattr(solver, "nuclear_form", "joint")) if form == "primal" else "joint"
-        count, entries = NuclearNorm.psd_cones(*shape[-2:], psd_form)
-        count *= size // (shape[-2] * shape[-1])
+        matrices, p, q = problem.regularizer.matrices(shape)
+        count, entries = NuclearNorm.psd_cones(p, q, psd_form)
+        count *= matrices
         cones = count * entries + size
         dense = solver.bytes_per_psd_entry * count * float(entries) ** 2
     loss = outputs * (2 if problem.loss.quadratic else 8)

@@ -165,8 +165,8 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, ga
     program = fam.name
     loss = get_loss(loss)
     if loss.name not in fam.losses:
-        raise invalid("loss", f"one of {fam.losses} for program ({program})", repr(loss.name),
-                      "use program 10 or 12 for several outputs")
+        raise invalid("loss", f"one of {fam.losses} for {fam.label}", repr(loss.name),
+                      fam.program.loss_hint(program, loss.name))
     if (beta is None) == (beta_frac is None):
         raise invalid("beta, beta_frac", "exactly one of them", "neither" if beta is None else "both",
                       "pass beta (the regularization weight) or beta_frac (beta = beta_frac * beta_max of the data)")

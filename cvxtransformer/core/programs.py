@@ -155,6 +155,10 @@ class Program:
         does not take; every shape the loss takes is accepted here."""
 
     @classmethod
+    def loss_hint(cls, name, loss):
+        """What to do instead when program ``name`` does not take the loss named ``loss`` (None: nothing to add)."""
+
+    @classmethod
     def check_target_shape(cls, X, y):
         """Refuse targets ``y`` whose shape does not fit the data ``X`` (N, n, d) (both validated): here
         sequence targets must be ``(N, n, c)``, one row per token."""

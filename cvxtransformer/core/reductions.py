@@ -43,7 +43,8 @@ ALL_LOSSES = ("squared", "logistic", "cross_entropy")
 class Reduction:
     """A convexification and its inverse: ``apply`` (network and data -> convex problem), ``invert``
     (Z -> the network's weights), ``coefficients`` (weights -> Z), ``objective`` (the network's
-    objective at weights, in numpy). ``networks`` maps each network this reduction covers to its
+    objective at weights, in numpy; ``penalty``, its penalty in words). ``networks`` maps each network this
+    reduction covers to its
     convex program; ``equations`` each program to the equation of the network it bounds; ``heads``
     is the dataclass of the network's weights (what ``invert`` returns).
 
@@ -62,6 +63,7 @@ class Reduction:
     networks = {}
     equations = {}
     models = {}
+    penalty = "beta/2 times the sum of squares of the network's weights (ordinary weight decay)"  # in words
 
     @classmethod
     def check_form(cls, form, name="form"):

@@ -35,7 +35,9 @@ from .errors import invalid
 MODULES = {
     "cvxtransformer.core.attention": {
         8: "attention-only, scalar output", 10: "attention-only, c outputs",
-        12: "attention + gated-ReLU FCN (group lasso)"},
+        12: "attention + gated-ReLU FCN (group lasso)",
+        "10wd": "attention-only, c outputs, ordinary weight decay (a nuclear norm per token)",
+        "12wd": "attention + gated-ReLU FCN, ordinary weight decay (a nuclear norm per token)"},
     "cvxtransformer.core.mhsa": {"mhsa": "linear multi-head self-attention (nuclear norm)",
                                  "gated_mhsa": "gated-ReLU multi-head self-attention (a nuclear norm per gate)"},
     "cvxtransformer.core.mixer": {"mixer": "gated-ReLU token mixing, the MLP-Mixer layer (a nuclear norm per gate)"},

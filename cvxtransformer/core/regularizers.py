@@ -30,6 +30,10 @@ class Regularizer:
 
     name = None
     block_ndim = None  # the trailing axes of Z that one block spans (read by core.design)
+    # the layout in which the torch backend's Gram representation (squared loss) hands it coefficients: "outputs"
+    # ((c, |J|, |K|, d): each block within one output, so the Newton model and polish apply too), "canonical"
+    # (the operator's (|J|, c, |K|, d): blocks spanning the outputs), or None (no Gram representation)
+    gram_layout = None
 
     def __init__(self, beta):
         self.beta = float(beta)
@@ -53,6 +57,7 @@ class GroupLasso(Regularizer):
 
     name = "group_lasso"
     block_ndim = 1  # a block (group) spans the last axis of Z
+    gram_layout = "outputs"
 
     @staticmethod
     def group_norms(Z):
@@ -168,6 +173,11 @@ class NuclearNorm(Regularizer):
         return torch.amax(torch.linalg.matrix_norm(G, ord=2)).to(F64) if G.numel() else torch.zeros((), dtype=F64)
 
     @staticmethod
+    def matrices(shape):
+        """``(count, p, q)``: the matrices of coefficients of ``shape`` (a matrix or a stack) and their sides."""
+        return int(np.prod(shape[:-2])), shape[-2], shape[-1]
+
+    @staticmethod
     def ranks(Z):
         """Numerical rank of each matrix (an int array of shape ``Z.shape[:-2]``): singular values above
         ``max(p, q) * eps * sigma_max`` (as numpy's matrix_rank)."""
@@ -193,7 +203,7 @@ class NuclearNorm(Regularizer):
         zero = torch.zeros((), dtype=F64, device=Z.device)
         stationarity = zero
         Zs, Gs = Z.reshape(-1, *Z.shape[-2:]), G.reshape(-1, *G.shape[-2:])
-        for z, g, r in zip(Zs, Gs, self.ranks(Zs.cpu().numpy()).tolist()):
+        for z, g, r in zip(Zs, Gs, NuclearNorm.ranks(Zs.cpu().numpy()).tolist()):
             if r:
                 U, _, Wh = torch.linalg.svd(z, full_matrices=False)
                 U, W = U[:, :r], Wh[:r].T
@@ -201,7 +211,7 @@ class NuclearNorm(Regularizer):
                 eye = torch.eye(r, dtype=z.dtype, device=z.device)
                 parts = [U.T @ GW - self.beta * eye, GW - U @ (U.T @ GW), UG - (UG @ W) @ W.T]
                 stationarity = max([stationarity] + [torch.linalg.matrix_norm(p, ord=2) for p in parts])
-        feasibility = torch.clamp_min(self.dual_norm(G) - self.beta, 0.0) if G.numel() else zero
+        feasibility = torch.clamp_min(NuclearNorm.dual_norm(self, G) - self.beta, 0.0) if G.numel() else zero
         return torch.as_tensor(stationarity, dtype=F64) / self.beta, torch.as_tensor(feasibility, dtype=F64) / self.beta
 
     def screen(self, G, radius, operator_norm):
@@ -294,9 +304,9 @@ class NuclearNorm(Regularizer):
         maximisation). Returns ``(constraints, readback)``."""
         import cvxpy as cp
 
-        p, q = blocks.shape[-2:]
-        constraints = [cp.bmat([[self.beta * np.eye(p), B], [B.T, self.beta * np.eye(q)]]) >> 0
-                       for B in self._matrices(blocks)]
+        matrices = self._matrices(blocks)
+        p, q = matrices[0].shape
+        constraints = [cp.bmat([[self.beta * np.eye(p), B], [B.T, self.beta * np.eye(q)]]) >> 0 for B in matrices]
 
         def readback(G):
             Z = [-2.0 * np.asarray(c.dual_value, dtype=float)[:p, p:] for c in constraints]
@@ -305,4 +315,64 @@ class NuclearNorm(Regularizer):
         return constraints, readback
 
 
-REGULARIZERS = {cls.name: cls for cls in (GroupLasso, NuclearNorm)}
+class TokenNuclearNorm(NuclearNorm):
+    """``R(Z) = beta * sum_{j,k} ||Z[j, :, k, :]||_*``: a nuclear norm of each token's ``c x d`` matrix, for
+    coefficients whose last three axes are (outputs c, tokens n, coordinates d), as those of programs (10) and
+    (12) (the weight-decay programs of docs/conventions.md: ordinary weight decay on networks (9) and (11)).
+
+    Every method is the nuclear norm's on the stack ``Z.swapaxes(-3, -2)`` of token matrices
+    ``(..., n, c, d)``: its blocks are the singular directions of each token's matrix (shape
+    ``Z.shape[:-3] + (n, min(c, d))``), its dual norm the largest spectral norm of a token's block of
+    ``A^T V``. With one output (c = 1) it is the group lasso of program (10) exactly.
+    """
+
+    name = "token_nuclear_norm"
+    gram_layout = "canonical"
+    block_ndim = None  # its blocks (a token's c x d matrix) are no trailing axes of Z
+
+    @staticmethod
+    def tokens(Z):
+        """The token matrices ``(..., n, c, d)`` of coefficients ``(..., c, n, d)`` (a view; its own inverse)."""
+        return Z.transpose(-3, -2) if isinstance(Z, torch.Tensor) else np.swapaxes(Z, -3, -2)
+
+    @staticmethod
+    def matrices(shape):
+        """``(count, p, q)``: the token matrices of coefficients of ``shape`` and their sides (c, d)."""
+        return int(np.prod(shape[:-3])) * shape[-2], shape[-3], shape[-1]
+
+    def norm(self, Z):
+        return super().norm(self.tokens(Z))
+
+    def prox(self, Z, step):
+        return self.tokens(super().prox(self.tokens(Z), step))
+
+    def dual_norm(self, G):
+        return super().dual_norm(self.tokens(G))
+
+    @staticmethod
+    def ranks(Z):
+        """The rank of each token's matrix, shape ``Z.shape[:-3] + (n,)``."""
+        return NuclearNorm.ranks(TokenNuclearNorm.tokens(np.asarray(Z, dtype=float)))
+
+    @staticmethod
+    def rank(Z):
+        """The number of heads behind ``Z``: the ranks of the token matrices, summed."""
+        return int(np.sum(TokenNuclearNorm.ranks(Z)))
+
+    support_size = rank
+
+    def kkt_residuals(self, Z, G):
+        return super().kkt_residuals(self.tokens(Z), self.tokens(G))
+
+    def screen(self, G, radius, operator_norm):
+        """Singular directions of each token's matrix proved inactive (shape ``G.shape[:-3] + (n, min(c, d))``);
+        ``operator_norm``: ``||A_g||`` per token block, shape ``G.shape[:-3] + (n,)`` (:meth:`NuclearNorm.screen`)."""
+        return super().screen(self.tokens(np.asarray(G, dtype=float)), radius, operator_norm)
+
+    @staticmethod
+    def zero_blocks(Z, mask):
+        """``Z`` with each token's matrix truncated to its proved rank bound (:meth:`NuclearNorm.zero_blocks`)."""
+        return np.ascontiguousarray(TokenNuclearNorm.tokens(NuclearNorm.zero_blocks(TokenNuclearNorm.tokens(Z), mask)))
+
+
+REGULARIZERS = {cls.name: cls for cls in (GroupLasso, NuclearNorm, TokenNuclearNorm)}

@@ -1,10 +1,11 @@
-"""The convex programs (8), (10), (12) as a torch module, so that Adam can minimise P(Z) directly.
+"""The convex programs (8), (10), (12) (and their weight-decay forms) as a torch module, so that Adam can minimise P(Z) directly.
 
 The paper trains its convex model (10) with the same optimiser as the networks (Adam, from
 scratch) as well as exactly. :class:`ConvexAttention` holds the coefficients ``Z`` of a program
 in its canonical shape (h, c, n, d) and plugs into :func:`cvxtransformer.nn.trainer.train` like
 any network: ``yhat_il = sum_j M_ij <Z[j, l], X_i>`` (``M`` the gate mask of program (12), all
-ones for (8)/(10)) and the penalty ``beta sum_g ||z_g||_2`` (the program's group lasso), so its
+ones for (8)/(10)) and the penalty of the program's regulariser (``beta sum_g ||z_g||_2``, its group lasso,
+or a nuclear norm per token), so its
 objective is exactly P(Z) of docs/conventions.md and the verifier certifies it like any Z. Adam
 sees a subgradient (0 on a zero group); it does not produce exact zeros, the proximal solvers do.
 
@@ -23,7 +24,6 @@ import numpy as np
 import torch
 
 from ..core.attention import gate_mask
-from ..core.regularizers import GroupLasso
 from .networks import Network
 
 
@@ -58,7 +58,7 @@ class ConvexAttention(Network):
         return torch.einsum("ij,jlkd,ikd->il", M, self.Z, X)
 
     def penalty(self, beta):
-        return GroupLasso(beta).value(self.Z)
+        return self.program.regularizer_class(beta).value(self.Z)
 
     def arrays(self):
         return {"Z": self.effective_coefficients().reshape(self.program.shape)}

@@ -10,6 +10,9 @@ The networks map a batch ``X`` of shape (N, n, d) to predictions ``Yhat`` of sha
 * :class:`GatedAttention`, network (11): the same with each head's term multiplied by its
   gated-ReLU gate ``1[u_1g^T X_i u_2g >= 0]``, ``g = gate(j)``, gates from the ``U1``, ``U2``
   of program (12);
+* :class:`WeightDecayAttention` and :class:`GatedWeightDecayAttention`, networks (9w) and (11w): (9) and (11)
+  with ordinary weight decay, penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||^2)`` (AdamW's, torch's
+  ``weight_decay``), bounded by the weight-decay programs (a nuclear norm per token);
 * :class:`SoftmaxAttention`, network (3): ``softmax(X Wq Wk^T X^T / sqrt(d)) X Wv Wo``,
   penalty ``beta/2 (||Wq||^2 + ||Wk||^2 + ||Wv||^2 + ||Wo||^2)``, read at token 0 for targets
   of shape (N,) or (N, c) and at every token for sequence targets (N, n, c) (as the softmax
@@ -259,13 +262,52 @@ def _checked_gate(gate, heads, h, rows):
     return gate.astype(np.int64)
 
 
-def _balanced(weights):
+def _balanced(weights, ord=1):
+    """The heads rebalanced to the balanced form's penalty (``ord``: the norm on W3, 1 for (9)/(11), 2 for
+    ordinary weight decay)."""
     W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
     if Proposition1.check_form(weights.form, "weights.form") == "balanced" or W1.shape[0] == 0:
         return W1, W2, W3
-    r2, r3 = np.linalg.norm(W2, axis=1), np.abs(W3).sum(axis=1)
+    r2, r3 = np.linalg.norm(W2, axis=1), np.linalg.norm(W3, ord=ord, axis=1)
     a = np.sqrt(np.where((r2 > 0) & (r3 > 0), r3 / np.where(r2 > 0, r2, 1.0), 1.0))
     return W1, W2 * a[:, None], W3 / a[:, None]
+
+
+# ----------------------------------------------------------------------------- (9w) and (11w)
+class WeightDecayAttention(AlternativeAttention):
+    """Network (9w): network (9) with ordinary weight decay, penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||^2)``
+    (the sum of squares of every weight but the attention rows, which lie on the simplex): the network people
+    train with AdamW or torch's ``weight_decay``, bounded by program (10) with ordinary weight decay (a nuclear norm per token; docs/conventions.md)."""
+
+    name = "alternative_wd"
+    ord = 2  # the norm on each head's output vector in the Lemma-1 form
+
+    def penalty(self, beta):
+        return 0.5 * beta * (torch.sum(self.W2 ** 2) + torch.sum(self.W3 ** 2))
+
+    @classmethod
+    def from_weights(cls, weights, n=None, d=None, c=None, **kwargs):
+        """The network of the heads of a :class:`AttentionHeads` (e.g. recovered from the weight-decay form of program (10))."""
+        W1, W2, W3 = _balanced(weights, cls.ord)
+        n, d, c = (W.shape[1] if v is None else v for W, v in ((W1, n), (W2, d), (W3, c)))
+        return cls(n, d, c, 0, **kwargs).set_weights(W1, W2, W3)
+
+
+class GatedWeightDecayAttention(GatedAttention):
+    """Network (11w): network (11) with ordinary weight decay, penalty ``beta/2 sum_j (||w_2j||^2 + ||w_3j||^2)``,
+    bounded by the weight-decay form of program (12) on its gates."""
+
+    name = "gated_wd"
+    penalty = WeightDecayAttention.penalty
+
+    @classmethod
+    def from_weights(cls, weights, U1, U2, n=None, d=None, c=None, **kwargs):
+        """The network of the heads and gates of :class:`AttentionHeads` recovered from the weight-decay form of program (12)."""
+        if weights.gate is None:
+            raise invalid("weights.gate", "each head's gate (weights recovered from a gated program)", "None")
+        W1, W2, W3 = _balanced(weights, WeightDecayAttention.ord)
+        n, d, c = (W.shape[1] if v is None else v for W, v in ((W1, n), (W2, d), (W3, c)))
+        return cls(n, d, c, 0, U1, U2, **kwargs).set_weights(W1, W2, W3, weights.gate)
 
 
 # ----------------------------------------------------------------------------- (3)
@@ -325,7 +367,7 @@ class SoftmaxAttention(Network):
         return self.attention(Xt).mean(dim=0).cpu().numpy().astype(float)
 
 
-ATTENTION_MODELS = ("alternative", "gated", "softmax")
+ATTENTION_MODELS = ("alternative", "gated", "alternative_wd", "gated_wd", "softmax")
 
 
 def family_networks():
@@ -338,7 +380,8 @@ def family_networks():
 
 
 def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, seed=0, **kwargs):
-    """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11) (gate vectors ``U1``, ``U2``),
+    """A network by name: ``"alternative"`` (6)/(9), ``"gated"`` (11) (gate vectors ``U1``, ``U2``), their
+    ordinary-weight-decay forms ``"alternative_wd"`` (9w) and ``"gated_wd"`` (11w),
     ``"softmax"`` (3), or a network a registered family declares (:func:`family_networks`), built as
     ``Class(n, d, c, heads, pooled=not sequence, seed=seed, **kwargs)``: ``kwargs`` carries the family's
     gate arrays (e.g. ``H=...``), which its gated network needs; gate arrays a network does not take are
@@ -351,12 +394,14 @@ def build_network(model, n, d, c, heads=None, U1=None, U2=None, sequence=False, 
         takes = inspect.signature(cls).parameters
         return cls(*args, **{k: v for k, v in options.items() if k in takes or k not in arrays})
 
-    if model == "alternative":
-        return build(AlternativeAttention, n, d, c, heads, seed=seed, **kwargs)
-    if model == "gated":
+    if model in ("alternative", "alternative_wd"):
+        cls = AlternativeAttention if model == "alternative" else WeightDecayAttention
+        return build(cls, n, d, c, heads, seed=seed, **kwargs)
+    if model in ("gated", "gated_wd"):
         if U1 is None or U2 is None:
-            raise invalid("U1, U2", "the gate vectors of program (12) for the gated network", "None")
-        return build(GatedAttention, n, d, c, heads, U1, U2, seed=seed, **kwargs)
+            raise invalid("U1, U2", f"the gate vectors of program (12) for the {model} network", "None")
+        cls = GatedAttention if model == "gated" else GatedWeightDecayAttention
+        return build(cls, n, d, c, heads, U1, U2, seed=seed, **kwargs)
     if model == "softmax":
         return build(SoftmaxAttention, n, d, c, sequence=sequence, seed=seed, **kwargs)
     declared = family_networks()

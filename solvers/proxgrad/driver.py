@@ -135,10 +135,11 @@ class ProxGrad(Solver):
         o["threads"] = check_positive("threads", o["threads"], integer=True, none_ok=True)
         check_choice("screen_norms", o["screen_norms"], ("auto", "exact"))
         check_choice("method", o["method"], METHODS)
-        if o["method"] == "gram" and problem.regularizer.name != "group_lasso":
+        layout = problem.regularizer.gram_layout
+        if o["method"] == "gram" and (layout is None or (layout == "canonical" and not problem.loss.quadratic)):
             raise invalid("method", '"auto" or "data" here', '"gram"',
-                          "the Gram representation (squared loss) and the Newton model in Gram form (other "
-                          "losses) need the group lasso")
+                          "the Gram representation (squared loss) needs a regulariser with a Gram layout, and the "
+                          "Newton model in Gram form (other losses) one with a block per output (the group lasso)")
         if o["init"] is not None:
             o["init"] = problem.program.check_Z(o["init"], "init")
         if o["stop"] is not None and not callable(o["stop"]):
@@ -328,7 +329,8 @@ class _Run:
             H, B = self._grown_gram(op, cache_key) or op.gram(self.Tw)
             tt = float(torch.sum(self.T64 * self.T64))
             tt = tt if self.shards is None else self.shards.sum_value(tt)
-            self.cache["gram"] = GramSmooth(H, B, tt, op.hJ, op.nK, op.d)
+            self.cache["gram"] = GramSmooth(H, B, tt, op.hJ, op.nK, op.d,
+                                            canonical=self.problem.regularizer.gram_layout == "canonical")
         return self.cache["gram"], op, "gram"
 
     def _grown_gram(self, op, key):

@@ -97,25 +97,32 @@ class GramSmooth:
     """``f(x) = 1/2 tt - <B, x> + 1/2 <x, x H>``: the squared loss ``1/2 ||A x - T||^2`` (``tt = ||T||^2``)
     or any convex quadratic ``1/2 ||R x - t||^2`` (``H = R^T R``, ``B = R^T t``, ``tt = ||t||^2``);
     image ``x H`` (c, F). ``H`` (F, F) is shared by the outputs, or (cF, cF) couples them
-    (``coupled``: ``x`` is then flattened whole)."""
+    (``coupled``: ``x`` is then flattened whole).
+
+    Layout: ``(c, |J|, |K|, d)`` (groups on the last axis, the outputs first: an image is one product), or,
+    with ``canonical``, the operator's own ``(|J|, c, |K|, d)`` for a regulariser whose blocks span the
+    outputs (a nuclear norm of each token's ``c x d`` matrix); the image then transposes on the way."""
 
     quadratic = True
 
-    def __init__(self, H, B, tt, hJ, nK, d):
+    def __init__(self, H, B, tt, hJ, nK, d, canonical=False):
         self.H, self.B, self.tt = H, B, float(tt)
         self.c, self.F = B.shape
         self.coupled = H.shape[0] != self.F
+        self.canonical = canonical
         self.shape = (self.c, hJ, nK, d)
-        self.B4 = B.view(self.shape)
+        self.B4 = B.view(self.shape).transpose(0, 1) if canonical else B.view(self.shape)
 
     def from_canonical(self, x4):
-        """``(|J|, c, |K|, d) -> (c, |J|, |K|, d)``."""
-        return x4.transpose(0, 1).contiguous()
+        """``(|J|, c, |K|, d) -> (c, |J|, |K|, d)`` (canonical: unchanged)."""
+        return x4.contiguous() if self.canonical else x4.transpose(0, 1).contiguous()
 
     def to_canonical(self, x):
-        return x.transpose(0, 1)
+        return x if self.canonical else x.transpose(0, 1)
 
     def image(self, x):
+        if self.canonical:
+            return (x.transpose(0, 1).reshape(self.c, -1) @ self.H).view(self.shape).transpose(0, 1)
         return (x.reshape(-1, self.H.shape[0]) @ self.H).view(self.shape)
 
     def support_system(self, J, K):

@@ -7,6 +7,8 @@
 * :class:`WholeProblem` (any regulariser): every iteration works on the whole problem; gap-safe
   screening marks the blocks proved zero (for the nuclear norm, a proved bound on the rank of every
   optimum, reported).
+* :class:`TokenWorkingSet` (a nuclear norm per token): the blocks of :class:`BlockWorkingSet`, scored by
+  spectral norms, screened by the rank test of each token's matrix.
 * :class:`GateWorkingSet` (nuclear norm): working sets of gates of a stack ``(P, p, q)`` of matrices
   (the gated MHSA program); gates proved zero are dropped, a gate enters when its dual norm
   ``||(A^T V)_g||_2`` exceeds beta, and subproblems restrict the operator to the gates of the set.
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 from cvxtransformer.core.arrays import F64
-from cvxtransformer.core.regularizers import GroupLasso, NuclearNorm
+from cvxtransformer.core.regularizers import GroupLasso, NuclearNorm, TokenNuclearNorm
 
 _BLOCK_NORMS = weakref.WeakKeyDictionary()  # program -> (h, n) tensor of exact ||A_g||, shared along a path
 
@@ -86,6 +88,14 @@ class BlockWorkingSet:
         self.screened |= self.problem.regularizer.screen(G_best, radius, self.block_norms()[:, None, :])
         return int(self.screened.sum())
 
+    def blocks_open(self):
+        """The (gate j, token k) blocks not proved zero, boolean (h, n)."""
+        return ~self.screened.all(dim=1)
+
+    def scores(self, G):
+        """KKT scores of the blocks (h, n): ``max_l ||G_{j,l,k}|| / beta`` (> 1: a violation)."""
+        return torch.amax(torch.linalg.vector_norm(G, dim=-1), dim=1) / self.problem.beta
+
     def next(self, chk, x, enabled, p0):
         """The next working set ``(J, K)``, whether it is settled, and its number of groups.
 
@@ -94,12 +104,11 @@ class BlockWorkingSet:
         (at least ``p0``). It is *settled* when no block outside it violates the KKT conditions
         (or it holds every unscreened block): its solution is then the full solution.
         """
-        beta = self.problem.beta
-        blocks_open = ~self.screened.all(dim=1)  # (h, n)
+        blocks_open = self.blocks_open()  # (h, n)
         if self.ws is None:
             self.ws = torch.zeros_like(blocks_open)
         self.ws |= (torch.linalg.vector_norm(x, dim=-1) > 0).any(dim=1)
-        score = torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=1) / beta
+        score = self.scores(chk.G)
         candidates = blocks_open & ~self.ws & (score > 1.0)
         n_cand = int(candidates.sum())
         if n_cand:
@@ -253,7 +262,38 @@ class GateWorkingSet(WholeProblem):
         return self.mask.reshape(self.problem.program.shape[:-2] + (-1,)).copy()
 
 
-STRATEGIES = {GroupLasso: BlockWorkingSet, NuclearNorm: GateWorkingSet}
+class TokenWorkingSet(BlockWorkingSet):
+    """Working sets of (gate j, token k) blocks for a nuclear norm of each token's ``c x d`` matrix (the
+    weight-decay programs): the blocks, operators and subproblems of :class:`BlockWorkingSet`; a block's KKT
+    score is the spectral norm of its ``c x d`` block of ``A^T V`` over beta, and gap-safe screening proves
+    singular directions of each token's matrix inactive (a rank bound; a block whose directions are all
+    inactive is zero at every optimum). No Newton polish (it is the group lasso's)."""
+
+    polishable = False
+
+    def __init__(self, problem, op, norms="auto"):
+        super().__init__(problem, op, norms)
+        self.directions = torch.zeros(self.h, self.n, min(self.c, self.d), dtype=torch.bool, device=op.device)
+
+    def blocks_open(self):
+        return ~self.directions.all(dim=-1)
+
+    def scores(self, G):
+        return torch.linalg.matrix_norm(G.transpose(1, 2), ord=2) / self.problem.beta
+
+    def screen(self, G_best, radius):
+        """Gap-safe rank test at the best dual point; returns the number of singular directions screened."""
+        found = self.problem.regularizer.screen(G_best.cpu().numpy(), radius, self.block_norms().cpu().numpy())
+        self.directions |= torch.from_numpy(found).to(self.directions.device)
+        return int(self.directions.sum())
+
+    def screened_mask(self):
+        """Singular directions proved inactive, per token matrix (``shape[:-3] + (n, min(c, d))``)."""
+        p = self.problem.program
+        return self.directions.cpu().numpy().reshape(p.shape[:-3] + self.directions.shape[1:])
+
+
+STRATEGIES = {GroupLasso: BlockWorkingSet, NuclearNorm: GateWorkingSet, TokenNuclearNorm: TokenWorkingSet}
 
 
 def working_set_for(problem, op, norms):
