@@ -21,7 +21,9 @@ the largest singular value of its design columns, from their Gram matrix (exact 
 :data:`EXACT_COLUMNS` columns, else their Frobenius norm, an upper bound); the CVXPY variable is W,
 its map ``design() @ W``. A fast path is declared, not matched: ``design_gram`` (the compressed
 squared loss) is derived here; a family may define it faster, or its own ``features`` for a restricted
-operator (the columns of J only).
+operator (the columns of J only). The group lasso's block working set also calls the operator's norms per
+(gate, token) block (``block_norms``, ``block_norm_bounds``), which this base does not derive: a
+group-lasso family on it offers them, or its registration names them as missing.
 
 Example: one output per sample, ``yhat_i = <Z, X_i>`` with the nuclear norm of Z (n, d):
 
@@ -261,15 +263,13 @@ class DesignProgram(Program):
             V = cp.reshape(V, (self.N * self.rows, self.q), order="C")
         return self.design().T @ V
 
-    def _stacked(self):
-        """``(stack, columns)`` when each matrix of the regulariser is a block of W's rows and every output
-        column (the stack axes lead the feature axes, one feature axis and one output axis left), with
-        ``columns``: whether W holds the matrices transposed; else None."""
+    def _stack(self):
+        """The stack axes of a nuclear norm whose every matrix is a block of W's rows and all its columns
+        (the stack axes lead the feature axes, one feature axis and the one output axis left: W holds the
+        matrix, or its transpose); else None."""
         k, nd = self.regularizer_class.block_ndim, len(self.shape)
         stack = tuple(range(nd - k))
-        if k != 2 or self.feature_axes[:-1] != stack or len(self.output_axes) != 1:
-            return None
-        return stack, self.feature_axes[-1] > self.output_axes[0]
+        return stack if k == 2 and self.feature_axes[:-1] == stack and len(self.output_axes) == 1 else None
 
     def cvxpy_blocks(self, W):
         """The regulariser's blocks as a CVXPY expression: the matrices (stack, a, b) or one matrix (a, b) of a
@@ -277,12 +277,10 @@ class DesignProgram(Program):
         columns of a (d, groups) expression."""
         import cvxpy as cp
 
-        k, stacked = self.regularizer_class.block_ndim, self._stacked()
-        if stacked is not None:
-            stack, swapped = stacked
+        k, stack = self.regularizer_class.block_ndim, self._stack()
+        if stack is not None:
             size = math.prod(self.shape[a] for a in stack)
-            rows = self.p // size
-            return W if not stack else cp.reshape(W, (size, rows, self.q), order="C")
+            return W if not stack else cp.reshape(W, (size, self.p // size, self.q), order="C")
         sizes = [self.shape[a] for a in self.perm]
         Z = cp.transpose(cp.reshape(W, sizes, order="C"), axes=self.inverse) if len(sizes) > 2 else \
             (W.T if self.perm != (0, 1) else W)
@@ -293,8 +291,7 @@ class DesignProgram(Program):
     def from_blocks(self, B):
         """Z from a value in the layout of :meth:`cvxpy_blocks`."""
         B = np.asarray(B, dtype=float)
-        stacked = self._stacked()
-        if stacked is not None:
+        if self._stack() is not None:
             return self.from_cvxpy(B.reshape(self.p, self.q))
         return (B.T if self.regularizer_class.block_ndim == 1 else B).reshape(self.shape).copy()
 
