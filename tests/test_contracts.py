@@ -291,10 +291,11 @@ def test_the_gram_fast_path_needs_its_declared_layout(monkeypatch):
     for layout in (None, ("output", "gate", "token", "feature")):
         program = type("Toy", (AttentionProgram,), {
             "operator_class": type("Relaid", (AttentionOperator,), {"coefficient_layout": layout})})
-        with pytest.raises(InvalidInputError, match=r"^register: operator of family 'toy': Relaid lacks coefficient_"
-                                                    r"layout \(its fast path gram needs coefficient_layout; its fast "
-                                                    r"path weighted_gram needs coefficient_layout\) \(coefficient_layout: "
-                                                    r"the Gram paths assume \('gate', 'output', 'token', 'feature'\)\)"):
+        with pytest.raises(InvalidInputError, match=r"^register: operator of family 'toy': Relaid lacks coeff"
+                                                    r"icient_layout \(its fast path gram needs coefficient_layout; "
+                                                    r"its fast path weighted_gram needs coefficient_layout\) \(coef"
+                                                    r"ficient_layout: the Gram paths assume \('gate', 'output', "
+                                                    r"'token', 'feature'\)\)"):
             registry.register("toy", program, Proposition1, ("squared",))
     without = type("NoGram", (AttentionOperator,), {"gram": None, "weighted_gram": None, "cross_gram": None,
                                                     "coefficient_layout": None})

@@ -71,8 +71,9 @@ class BilinearReduction(Reduction):
         c, n, d = problem.program.shape
         heads = cls.check_heads(problem, heads, "(w1, w2, out), the heads of the bilinear network,")
         w1, w2 = checked_weights(problem.program.label, {"w1": heads.w1, "w2": heads.w2}, [(-1, n), (-1, d)])
+        out = checked_gate(heads.out, len(w1), c, "each head's output", "weights.out")
         Z = np.zeros((c, n, d))
-        np.add.at(Z, checked_gate(heads.out, len(w1), c, "each head's output", "weights.out"), w1[:, :, None] * w2[:, None])
+        np.add.at(Z, out, w1[:, :, None] * w2[:, None])
         return Z
 
     @staticmethod
