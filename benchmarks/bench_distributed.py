@@ -116,7 +116,7 @@ def write_data(inst, folder):
 
 
 def build(inst):
-    def make(X, y, U1, U2, max_label):
+    def make(X, y, gates, max_label):
         n_classes = None if inst.loss != "cross_entropy" or max_label is None else max_label + 1
         return ct.make_problem(X, y, program=inst.program, loss=inst.loss, beta=1.0, gates=inst.h, n_classes=n_classes)
     return make
@@ -129,7 +129,7 @@ def _problem(inst, folder, sharded, N):
         problem = distributed.shard_data(data, build(inst))
     else:
         X, y = data.rows()
-        problem = build(inst)(X, y, None, None, None)
+        problem = build(inst)(X, y, {}, None)
     return problem.with_beta(inst.frac * problem.beta_max())
 
 

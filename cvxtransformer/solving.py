@@ -153,6 +153,5 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver, solver_choice=choice,
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,
                        build_seconds=times[0], solve_seconds=times[1], iterations=iterations,
-                       U1=getattr(program, "U1", None), U2=getattr(program, "U2", None), H=getattr(program, "H", None),
                        gate_arrays=program.gate_arrays(),
                        history=history, screened=np.asarray(screened), formulation=formulation)

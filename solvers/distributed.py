@@ -350,8 +350,9 @@ def shard_data(data, build, group=None):
     """A sharded problem from a :class:`~cvxtransformer.core.data.DataSet`, each process reading only
     its rows (:meth:`DataSet.split`; memory maps stay memory maps).
 
-    ``build(X, y, U1, U2, max_label)`` makes the problem of some rows (``max_label``: the largest
-    label over every shard, for the number of classes of the cross-entropy loss). Errors raised
+    ``build(X, y, gates, max_label)`` makes the problem of some rows (``gates``: DATA's gate arrays by
+    name, :attr:`DataSet.gates`; ``max_label``: the largest label over every shard, for the number of
+    classes of the cross-entropy loss). Errors raised
     while building (bad values on one shard) are raised on every process. A process with no rows
     gets the problem's form from the first row of the data, and no samples.
 
@@ -371,9 +372,9 @@ def shard_data(data, build, group=None):
 
     def local():
         if len(X):  # a program just built: no operator made yet
-            return _sharded(build(X, y, data.U1, data.U2, max_label), shards)
+            return _sharded(build(X, y, data.gates, max_label), shards)
         X1, y1 = data.rows(0, 1)
-        return _sharded(build(X1, y1, data.U1, data.U2, max_label), shards, slice(0, 0))
+        return _sharded(build(X1, y1, data.gates, max_label), shards, slice(0, 0))
 
     problem = shards.agree(local)
     check_same({f"the gates {name} of {problem.program.label}": digest(U)

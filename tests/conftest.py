@@ -53,6 +53,23 @@ def gates_through_the_command_line(tmp_path, capsys, program, gate, y_shape):
     return X, y, args, solved, verified, saved, from_folder
 
 
+def load_example(monkeypatch, name):
+    """The module of docs/examples/``name`` (a user's own file), loaded, with the families it registers and the
+    models they join in compare kept in the calling test (the registry's and compare's tables restored after)."""
+    import importlib.util
+
+    from cvxtransformer.comparison import models as compare_models
+    from cvxtransformer.core import registry
+
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    for table in ("MODELS", "DEFAULT_MODELS", "_JOINED"):
+        monkeypatch.setattr(compare_models, table, type(getattr(compare_models, table))(getattr(compare_models, table)))
+    spec = importlib.util.spec_from_file_location(Path(name).stem, DOCS / "examples" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_doc_examples(name):
     """Run every ```python block of docs/``name`` as written (the docs' examples are tested)."""
     blocks = re.findall(r"```python\n(.*?)```", (DOCS / name).read_text(), re.S)

@@ -221,3 +221,97 @@ def test_the_family_modules_exports_are_the_packages():
             assert getattr(cvxtransformer, name) is getattr(importlib.import_module(module), name)
             assert name in public and name in dir(cvxtransformer)
     assert {"LinearMHSAProgram", "MHSAHeads", "GatedMHSAHeads", "attention_masks", "MixerProgram"} <= public
+
+
+# ----------------------------------------------------------------------------- the torch operator's faces (issue #43)
+def _mixer_problem(program_class, gates=2):
+    X = np.random.default_rng(4).standard_normal((12, 3, 2))
+    return ct.make_problem(X, X[:, :1, :], program="toy", beta=1.0, gates=gates)
+
+
+def _class_faces(regularizer):
+    """The operator faces checked on a class (every one a working set or the backend calls)."""
+    return list(dict.fromkeys(f for faces in (*contracts.OPERATOR_FACES.values(),
+                                              *contracts.WORKING_SET_FACES[regularizer].values()) for f in faces))
+
+
+@pytest.mark.parametrize("face", _class_faces("nuclear_norm"))
+def test_an_operator_face_removed_is_refused_at_registration_with_one_error_naming_it(face, monkeypatch):
+    from cvxtransformer.core.design import DesignOperator
+    from cvxtransformer.core.mixer import MixerProgram, MixerReduction
+
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    lacking = type("Lacking", (DesignOperator,), {face: None})
+    program = type("Toy", (MixerProgram,), {"operator_class": lacking})
+    with pytest.raises(InvalidInputError) as info:
+        registry.register("toy", program, MixerReduction, ("squared",), ("G", "gates", "gate_seed"))
+    message = str(info.value)
+    assert message.startswith("register: operator of family 'toy': Lacking lacks ") and "\n" not in message
+    assert message.split(" lacks ")[1].startswith(f"{face} (") and f"needs {face}" in message
+    assert "toy" not in registry.families()
+
+
+@pytest.mark.parametrize("face", _class_faces("nuclear_norm") + list(contracts.OPERATOR_ATTRIBUTES))
+def test_an_operator_face_removed_is_refused_before_the_first_iteration(face, monkeypatch):
+    """A program that declares no operator_class (as a user's file may): its operator is checked when it
+    is made, before any product; never an AttributeError in the middle of a solve or a certificate."""
+    from cvxtransformer.core.design import DesignOperator
+    from cvxtransformer.core.mixer import MixerProgram, MixerReduction
+
+    class Lacking(DesignOperator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if face in contracts.OPERATOR_ATTRIBUTES:
+                delattr(self, face)
+
+    if face not in contracts.OPERATOR_ATTRIBUTES:
+        setattr(Lacking, face, None)
+
+    class Toy(MixerProgram):
+        operator_class = None
+
+        def _make_operator(self, Xs, device, chunk):
+            return Lacking(self, Xs, device, chunk, self.shards)
+
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    registry.register("toy", Toy, MixerReduction, ("squared",), ("G", "gates", "gate_seed"))
+    P = _mixer_problem(Toy)
+    for run in (lambda: ct.solve(P, "fista"), lambda: ct.certify(P, P.zeros())):
+        with pytest.raises(InvalidInputError) as info:
+            run()
+        message = str(info.value)
+        assert message.startswith("gated-ReLU token-mixing program (MLP-Mixer): its torch operator: Lacking lacks ")
+        assert face in message.split(" lacks ")[1].split(" (")[0].split(", ") and "\n" not in message
+
+
+def test_the_gram_fast_path_needs_its_declared_layout(monkeypatch):
+    from cvxtransformer.core.attention import AttentionOperator
+
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))
+    for layout in (None, ("output", "gate", "token", "feature")):
+        program = type("Toy", (AttentionProgram,), {
+            "operator_class": type("Relaid", (AttentionOperator,), {"coefficient_layout": layout})})
+        with pytest.raises(InvalidInputError, match=r"^register: operator of family 'toy': Relaid lacks coeff"
+                                                    r"icient_layout \(its fast path gram needs coefficient_layout; "
+                                                    r"its fast path weighted_gram needs coefficient_layout\) \(coef"
+                                                    r"ficient_layout: the Gram paths assume \('gate', 'output', "
+                                                    r"'token', 'feature'\)\)"):
+            registry.register("toy", program, Proposition1, ("squared",))
+    without = type("NoGram", (AttentionOperator,), {"gram": None, "weighted_gram": None, "cross_gram": None,
+                                                    "coefficient_layout": None})
+    registry.register("toy", type("Toy", (AttentionProgram,), {"operator_class": without}), Proposition1, ("squared",))
+
+
+def test_the_built_in_operators_offer_every_face():
+    X = np.random.default_rng(5).standard_normal((9, 3, 2))
+    tokens = np.eye(2)[np.random.default_rng(6).integers(0, 2, (9, 3))]  # one-hot tokens: the token operator
+    for name, fam in registry.families().items():
+        declared = fam.program.operator_class
+        assert declared is not None, name
+        for cls in declared if isinstance(declared, tuple) else (declared,):
+            assert contracts.missing_operator_faces(cls, fam.program.regularizer_class, instance=False) == {}
+        for data in (X, tokens):
+            y = data[:, 0, 0] if name == 8 else data[:, :1, :] if name == "mixer" else data[:, 0, :1]
+            op = ct.make_problem(data, y, program=name, gates=2, beta=1.0).program.operator()
+            assert contracts.missing_operator_faces(op, fam.program.regularizer_class) == {}
+            assert isinstance(op, declared)

@@ -1,27 +1,14 @@
 """docs/examples/custom_family.py: a family defined and registered in a user's own file (program (8)
 with a weight per token in the regulariser) is solved, certified and its network recovered; its
 optimum is checked against the weighted group lasso written directly in CVXPY."""
-import importlib.util
-from pathlib import Path
-
 import cvxpy as cp
 import numpy as np
 import pytest
-
-from cvxtransformer.comparison import models as compare_models
-from cvxtransformer.core import registry
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "custom_family.py"
+from conftest import load_example
 
 
 def test_the_custom_family_example_runs_and_is_the_weighted_group_lasso(monkeypatch, capsys):
-    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))  # the example's family stays here
-    for table in ("MODELS", "DEFAULT_MODELS", "_JOINED"):  # and so do the models it joins in compare
-        monkeypatch.setattr(compare_models, table, type(getattr(compare_models, table))(getattr(compare_models, table)))
-    spec = importlib.util.spec_from_file_location("custom_family", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    out = example.main()
+    out = load_example(monkeypatch, "custom_family.py").main()  # its family stays in this test
     assert "certified True" in capsys.readouterr().out
 
     X, y, w, beta = out["X"], out["y"], out["weights"], out["beta"]

@@ -337,3 +337,78 @@ def test_a_family_is_named_in_at_most_three_library_files_by_grep():
         assert files, f"{word!r} is in no library file: the count is broken"
         assert len(files) <= 3 and files <= allowed, \
             f"{word!r} is named in {len(files)} library files: {sorted(files)}; only {sorted(allowed)} may name it"
+
+
+# ----------------------------------------------------------------------------- gate arrays (issue #43)
+# The attention family's modules besides its core module (its programs' names are numbers, which the counts above
+# do not see): Proposition 1's networks and compare rows, its convex model, the deep stacks of program (12) and
+# the experiments built on them.
+ATTENTION_MODULES = ("cvxtransformer/nn/networks.py", "cvxtransformer/nn/convex.py", "cvxtransformer/nn/deep.py",
+                     "cvxtransformer/comparison/models.py", "cvxtransformer/experiments/")
+# The generic modules that carry a program's gate arrays (make_problem, solve, SolveResult and RESULT, DATA, verify,
+# compare, the estimators, the distributed backend). A gate array of one letter (H, G) is counted here only:
+# elsewhere those letters are the generic notation of other quantities (a Gram or Hessian matrix H, A^T V as G).
+GATE_PATH = ("cvxtransformer/core/problem.py", "cvxtransformer/core/result.py", "cvxtransformer/core/data.py",
+             "cvxtransformer/core/io.py", "cvxtransformer/core/validation.py", "cvxtransformer/core/design.py",
+             "cvxtransformer/solving.py", "cvxtransformer/verify.py", "cvxtransformer/path.py",
+             "cvxtransformer/estimators.py", "cvxtransformer/testing.py", "cvxtransformer/cli/",
+             "cvxtransformer/comparison/run.py", "cvxtransformer/comparison/result.py",
+             "cvxtransformer/comparison/tuning.py", "cvxtransformer/comparison/plots.py", "solvers/distributed.py",
+             "solvers/cvxpy_solvers.py")
+
+
+def gate_array_uses(path, names):
+    """``(name, line)`` where the file ``path`` names one of the gate arrays ``names``: as a string (not a
+    docstring: the whole string is the name) or a call's keyword (``H=...``); a name of two or more
+    characters also as an identifier, an attribute, a parameter or a field."""
+    found, tree = [], ast.parse(Path(path).read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings:
+            found.append((node.value, node.lineno))
+        elif isinstance(node, ast.keyword) and node.arg in names:
+            found.append((node.arg, node.value.lineno))
+        else:
+            word = {ast.Name: "id", ast.Attribute: "attr", ast.arg: "arg"}.get(type(node))
+            if word and getattr(node, word) in names and len(getattr(node, word)) > 1:
+                found.append((getattr(node, word), node.lineno))
+    return found
+
+
+def test_gate_array_uses_counts_strings_keywords_and_long_names(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('"""U1"""\nx = f(H=1)\ny = obj.U1 + G\nz = {"G": 1}\ndef g(U2=None):\n    return H\n')
+    assert sorted(gate_array_uses(path, {"U1", "U2", "H", "G"})) == [("G", 4), ("H", 2), ("U1", 3), ("U2", 5)]
+
+
+def test_generic_code_names_no_gate_array():
+    """Generic code takes gate arrays by name from the families (``program.gate_arrays()``,
+    ``registry.gate_arrays()``, ``Family.gate_arrays``): no library file outside a family's own names
+    one of its gate arrays (``U1``, ``U2`` of program (12), ``H``, ``G``), counted as
+    :func:`gate_array_uses` counts."""
+    from cvxtransformer.core.registry import families
+
+    def path(module):
+        return module.replace(".", "/") + ".py"
+
+    owners = {}  # gate array -> the library files of the family that declares it
+    for fam in families().values():
+        own = {path(fam.program.__module__), path(fam.reduction.__module__), "cvxtransformer/core/registry.py"}
+        own |= {path(spec[key].split(":")[0]) for spec in fam.reduction.models.values() for key in ("build", "network")
+                if key in spec}
+        if fam.program.__module__ == "cvxtransformer.core.attention":
+            own |= set(ATTENTION_MODULES)
+        for name in fam.gate_arrays:
+            owners.setdefault(name, set()).update(own)
+    assert {"U1", "U2", "H", "G"} <= set(owners)
+    bad = []
+    for root in (ROOT / "cvxtransformer", ROOT / "solvers"):
+        for file in root.rglob("*.py"):
+            rel = file.relative_to(ROOT).as_posix()
+            for name, line in gate_array_uses(file, set(owners)):
+                if any(rel.startswith(o) for o in owners[name]) or (len(name) == 1 and not rel.startswith(GATE_PATH)):
+                    continue
+                bad.append(f"{rel}:{line} names {name}")
+    assert not bad, bad

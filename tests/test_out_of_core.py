@@ -44,7 +44,7 @@ def test_a_folder_shards_and_a_folder_of_shards_hold_the_same_rows(tmp_path, arr
     np.savez(tmp_path / "d.npz", X=X, y=y)
     for source in (one, shards, str(tmp_path / "parts"), str(tmp_path / "d.npz")):
         data = open_data(source)
-        assert data.N == 23 and data.shape == (23, 4, 3) and data.U1 is None
+        assert data.N == 23 and data.shape == (23, 4, 3) and data.gates == {}
         for start, stop in [(0, 23), (3, 8), (8, 15), (20, 20)]:
             Xr, yr = data.rows(start, stop)
             np.testing.assert_array_equal(Xr, X[start:stop])
@@ -61,7 +61,8 @@ def test_gates_are_read_and_must_agree(tmp_path, arrays):
     X, y = arrays
     U1, U2 = sample_gates(3, 4, 3, seed=1)
     data = open_data(_save(tmp_path / "g", X=X, y=y, U1=U1, U2=U2))
-    np.testing.assert_array_equal(data.U1, U1)
+    assert set(data.gates) == {"U1", "U2"}
+    np.testing.assert_array_equal(data.gates["U1"], U1)
     other = _save(tmp_path / "h", X=X, y=y, U1=U1 + 1, U2=U2)
     with pytest.raises(InvalidInputError, match="U1.npy differs from the first shard"):
         open_data([str(tmp_path / "g"), other])

@@ -378,7 +378,8 @@ def test_classes_only_with_cross_entropy(tmp_path, capsys, data, command):
     ({"Z": np.zeros((2, 4, 3)), "V": np.zeros((3, 3))}, r"RESULT: V: expected shape \(30, 2\)"),
     ({"Z": np.zeros((2, 4, 3)), "V": np.full((30, 2), np.nan)}, r"RESULT: V: expected finite values"),
     ({"Z": np.zeros((4, 3))}, r"RESULT: Z has shape \(4, 3\), program \(10\) on this data needs \(2, 4, 3\)"),
-    ({"Z": np.zeros((2, 4, 3)), "U1": np.zeros((2, 4))}, r"RESULT: it holds only one of U1, U2"),
+    ({"Z": np.zeros((2, 4, 3)), "U1": np.zeros((2, 4))},
+     r"RESULT: it holds only U1 of the gate arrays U1, U2 \(program \(12\)\)"),
 ])
 def test_verify_refuses_what_it_cannot_use(tmp_path, capsys, data, arrays, match):
     result = tmp_path / "r.npz"

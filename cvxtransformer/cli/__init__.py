@@ -20,6 +20,7 @@ import traceback
 from .. import __version__
 from ..experiments import gates, grok, kernel, ladder, spectra, suite
 from . import bert_data, compare, convex, energy
+from .options import ProgramChoices
 
 COMMANDS = {
     "solve": (convex.configure_solve, convex.run_solve,
@@ -84,10 +85,18 @@ class Parser(argparse.ArgumentParser):
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
-    """Help with the defaults shown (when there is one to show), and descriptions kept as written."""
+    """Help with the defaults shown (when there is one to show), and descriptions kept as written; an
+    option's ``more_help()`` (the installed families of ``--program``) is looked up when it is shown."""
+
+    def format_help(self):
+        ProgramChoices.shown = True
+        try:
+            return super().format_help()
+        finally:
+            ProgramChoices.shown = False
 
     def _get_help_string(self, action):
-        help = action.help or ""
+        help = (action.help or "") + (action.more_help() if hasattr(action, "more_help") else "")
         if "%(default)" not in help and "(default" not in help and action.option_strings and not (
                 action.default is None or action.default is False or action.default is argparse.SUPPRESS):
             help += " (default: %(default)s)"

@@ -55,7 +55,7 @@ and ``y_test``, ``test_loss.png``.
 import argparse
 import os
 
-from .options import LOSS_HELP, PROGRAMS, positive_float, positive_int, program, seed, tolerance
+from .options import LOSS_HELP, add_program_argument, positive_float, positive_int, seed, tolerance
 
 GRID = "1e-3,1e-2,1e-1"  # the default grids of cvxtransformer.comparison.run, for the help text
 
@@ -72,8 +72,7 @@ def configure(p):
     p.add_argument("data", metavar="DATA.npz",
                    help="X (N, n, d) and y as for solve; optionally X_val, y_val (--tune), X_test, y_test, "
                         "U1 (h, n), U2 (h, d), H (P, d, d), teacher_attention (n, n)")
-    p.add_argument("--program", type=program, required=True, metavar="{" + ",".join(PROGRAMS) + "}",
-                   help="the convex program solved and reported at the top level")
+    add_program_argument(p, "the convex program solved and reported at the top level")
     p.add_argument("--loss", choices=("squared", "logistic", "cross_entropy"), required=True, help=LOSS_HELP)
     beta = p.add_mutually_exclusive_group()
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0 (shared by every model)")
@@ -95,7 +94,7 @@ def configure(p):
                         "bounding program for (9)/(11), enough for any convex solution; the support of Z* (its "
                         "per-token ranks summed) for (9w)/(11w), as many as the optimum needs; for the networks of a "
                         "nuclear-norm family, rank(Z*) - 1, rank(Z*) and 2 rank(Z*) (rank summed over the gates))")
-    p.add_argument("--gates", type=positive_int, default=8, metavar="H",
+    p.add_argument("--gates", type=positive_int, default=8,
                    help="gates sampled when DATA has none of the program's gate arrays: h of program (12) and "
                         "network (11), P of a family with P gates")
     p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates")
@@ -164,16 +163,15 @@ def prepare(args):
     for split in ("test", "val"):
         if (f"X_{split}" in data) != (f"y_{split}" in data):
             raise InvalidInputError(f"DATA: {args.data!r} has only one of X_{split}, y_{split}; save both or neither")
-    U1, U2 = data.get("U1"), data.get("U2")
+    arrays = {k: data[k] for k in gate_arrays() if k in data}  # DATA's gate arrays, by name
     y, classes = encode_labels(data["y"], args.loss)
     for split in ("test", "val"):
         if f"y_{split}" in data and classes is not None:
             data[f"y_{split}"] = encode_labels(data[f"y_{split}"], args.loss, classes, f"y_{split}")[0]
-    problem = make_problem_from(args, data["X"], y, tuned=grid is not None,
-                                **{k: data[k] for k in gate_arrays() if k in data})
+    problem = make_problem_from(args, data["X"], y, tuned=grid is not None, **arrays)
     return classes, plan(problem, models=models, optimizer=args.optimizer, lr=args.lr, steps=args.steps, heads=heads,
                 seed=args.seed, batch_size=args.batch_size, eval_every=args.eval_every, solver=args.solver,
-                tol=args.tol, gates=args.gates if U1 is None else (U1, U2), gate_seed=args.gate_seed,
+                tol=args.tol, gates=dict(arrays, gates=args.gates) if arrays else args.gates, gate_seed=args.gate_seed,
                 test=_split(data, "test"), validation=_split(data, "val"), tune=grid,
                 teacher_attention=data.get("teacher_attention"), sequence=data["y"].ndim == 3,
                 progress=not args.quiet)

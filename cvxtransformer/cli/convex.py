@@ -1,5 +1,5 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
-from ..core.registry import family, gate_arrays
+from ..core.registry import families, family, gate_arrays
 from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
                       positive_int, tolerance)
 
@@ -231,10 +231,10 @@ def _solve_distributed(args, options, rank):
     distributed.agree(lambda: rank == 0 and args.out is not None and check_output_file(args.out, "--out"))
     local = argparse.Namespace(**dict(vars(args), beta=args.beta or 1.0, beta_frac=None))  # beta_max: once sharded
 
-    def build(X, y, U1, U2, max_label):
+    def build(X, y, gates, max_label):
         if args.loss == "cross_entropy" and args.classes is None and max_label is not None:
             local.classes = max_label + 1  # the classes of every shard
-        return make_problem_from(local, X, y, **data.gates)
+        return make_problem_from(local, X, y, **gates)
 
     problem = distributed.shard_data(data, build)
     if args.beta_frac is not None:
@@ -277,8 +277,11 @@ def run_verify(args):
 
     data = open_data(args.data)
     res = load_npz(args.result, "RESULT", ("Z",))
-    if ("U1" in res) != ("U2" in res):
-        raise InvalidInputError("RESULT: it holds only one of U1, U2; save both or neither")
+    for fam in families().values():  # a family's gate arrays come together
+        held = [k for k in fam.gate_arrays if k in res]
+        if held and len(held) < len(fam.gate_arrays):
+            raise InvalidInputError(f"RESULT: it holds only {', '.join(held)} of the gate arrays "
+                                    f"{', '.join(fam.gate_arrays)} ({fam.label}); save all of them or none")
     stored = None if "beta" not in res else _stored_beta(res["beta"])
     fingerprint = _stored_fingerprint(res)
     if fingerprint is not None:

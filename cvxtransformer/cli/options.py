@@ -1,6 +1,8 @@
 """Options shared by the commands, with argparse types that check values while parsing (a bad
 value is a one-line usage error, exit code 2). Standard library only (and the registry's static list of
-the built-in families' names, which imports nothing)."""
+the built-in families' names, which imports nothing). ``--program`` also takes the families of installed
+packages (the entry points of ``cvxtransformer.families``, :mod:`cvxtransformer.core.registry`): their
+names are read when the help is shown or a name that is no built-in one is given, never otherwise."""
 import argparse
 import math
 
@@ -52,15 +54,75 @@ def tolerance(text):
     return value
 
 
+def installed_families():
+    """The installed packages' families for the help: the entry points of ``cvxtransformer.families`` in the
+    ``entry_points.txt`` of each distribution folder on ``sys.path`` (none imported), that are no built-in
+    name: name -> a line on it. Read from the files, not by importlib.metadata, whose import would
+    double the help's time; the registry calls them through importlib.metadata."""
+    import os
+    import sys
+
+    found = {}
+    for folder in sys.path:
+        try:
+            entries = list(os.scandir(folder or "."))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.endswith((".dist-info", ".egg-info")):
+                continue
+            try:
+                with open(os.path.join(entry.path, "entry_points.txt"), encoding="utf-8") as f:
+                    lines = [line.strip() for line in f]
+            except OSError:
+                continue
+            group = None
+            for line in lines:
+                if line.startswith("["):
+                    group = line.strip("[] ")
+                elif group == "cvxtransformer.families" and "=" in line:
+                    name, value = (part.strip() for part in line.split("=", 1))
+                    if name not in PROGRAMS:
+                        package = entry.name.split("-")[0]
+                        found.setdefault(name, f"a family of the installed package {package} ({value})")
+    return found
+
+
+class ProgramChoices:
+    """``--program``'s metavar: the built-in names, and the installed families' while a help is formatted
+    (``shown``, set by the command line's help formatter): a run never looks them up for it."""
+
+    shown = False
+
+    def __str__(self):
+        return "{" + ",".join(PROGRAMS + (tuple(installed_families()) if ProgramChoices.shown else ())) + "}"
+
+
 def program(text):
+    """A built-in family's name, or a registered one (the installed packages' families are registered
+    when such a name is given: an error lists every family)."""
     if text not in PROGRAMS:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(PROGRAMS)}, got {text!r}")
+        from ..core.errors import InvalidInputError
+        from ..core.registry import family
+
+        if not installed_families():
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(PROGRAMS)}, got {text!r}")
+        try:
+            family(text)
+        except InvalidInputError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
     return int(text) if text.isdigit() else text
+
+
+def add_program_argument(p, help):
+    """``--program``: its help lists the built-in families, then those of the installed packages."""
+    action = p.add_argument("--program", type=program, required=True, metavar=ProgramChoices(), help=help)
+    action.more_help = lambda: "".join(f"; {name}: {line}" for name, line in installed_families().items())
 
 
 def add_problem_arguments(p, program_help=PROGRAM_HELP):
     """--program, --loss, --beta/--beta-frac, --gates, --gate-seed, --classes, --tol, --atol, --json."""
-    p.add_argument("--program", type=program, required=True, metavar="{" + ",".join(PROGRAMS) + "}", help=program_help)
+    add_program_argument(p, program_help)
     p.add_argument("--loss", choices=("squared", "logistic", "cross_entropy"), required=True, help=LOSS_HELP)
     beta = p.add_mutually_exclusive_group(required=True)
     beta.add_argument("--beta", type=positive_float, help="regularization weight beta > 0")

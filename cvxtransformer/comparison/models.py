@@ -35,8 +35,9 @@ def attention_problem(problem, number, gates=8, gate_seed=0, weight_decay=False)
     programs), at its beta; ``problem`` itself if it is that program.
 
     Program (12) takes the gates of ``problem`` when it has some, else ``gates``: a count h (the
-    vectors are sampled from ``gate_seed`` as :func:`cvxtransformer.make_problem` samples them) or
-    a pair ``(U1, U2)`` of shapes (h, n) and (h, d).
+    vectors are sampled from ``gate_seed`` as :func:`cvxtransformer.make_problem` samples them), a
+    pair ``(U1, U2)`` of shapes (h, n) and (h, d), or the gate options of ``make_problem`` by name
+    (the count ``gates`` and gate arrays, e.g. those a DATA file holds: the command line's).
     """
     from ..core.problem import ConvexProblem
     from ..core.attention import AttentionProgram, sample_gates
@@ -46,6 +47,8 @@ def attention_problem(problem, number, gates=8, gate_seed=0, weight_decay=False)
     if program.name == (WEIGHT_DECAY[number] if weight_decay else number):
         return problem
     U1 = U2 = None
+    if isinstance(gates, dict):
+        gates = (gates.get("U1"), gates.get("U2")) if "U1" in gates or "U2" in gates else gates.get("gates", 8)
     if number == 12:
         if getattr(program, "U1", None) is not None:
             U1, U2 = program.U1, program.U2
@@ -243,7 +246,7 @@ _add_family_models()
 def equation(model, program):
     """The equation of a model, e.g. ``(9)``; ``convex`` is the comparison's program, trained by Adam/SGD."""
     _add_family_models()
-    return MODELS[model].equation or f"({program})"
+    return (MODELS[model].equation if model in MODELS else None) or f"({program})"
 
 
 def default_models(program, outputs=1):
@@ -260,11 +263,14 @@ def default_models(program, outputs=1):
 def check_models(models, program, tuned=False, argument="models", outputs=1):
     """The list of model names of a comparison on ``program``: ``models`` as a list or a comma-separated
     string, or None for the defaults (:func:`default_models`, for ``outputs`` outputs; with ``tuned``,
-    ``convex`` is added for the programs it joins)."""
+    ``convex`` is added for the programs it joins); an empty list for a family that declares no models, and
+    for an empty list: the networks of :func:`~.run.compare` may be all there is."""
     _add_family_models()
     if models is None:
         models = default_models(program, outputs) + (("convex",) if tuned and "convex" in MODELS and
                                                      program in MODELS["convex"].programs else ())
+    if isinstance(models, (list, tuple)) and not models:
+        return []
     text = models
     if isinstance(models, str):
         models = [m.strip() for m in models.split(",") if m.strip()]
@@ -274,7 +280,8 @@ def check_models(models, program, tuned=False, argument="models", outputs=1):
     wrong = [m for m in names if program not in MODELS[m].programs]
     if wrong:
         fits = [m for m in MODELS if program in MODELS[m].programs]
-        raise invalid(argument, f"{' or '.join(fits)} with program ({program})", repr(text),
+        raise invalid(argument, f"{' or '.join(fits)} with program ({program})" if fits else
+                      f"no model: program ({program}) has none of compare's models", repr(text),
                       f"{wrong[0]} joins program{'s' if len(MODELS[wrong[0]].programs) > 1 else ''} "
                       + ", ".join(map(str, MODELS[wrong[0]].programs)))
     return names

@@ -106,7 +106,9 @@ class Comparison:
         computed once: at 24576 heads of (9) on d = 384 they take a minute, and the maps, the distances
         and the plots all read them."""
         if name not in self._coefficients:
-            self._coefficients[name] = self.models[name].network.effective_coefficients()
+            net = self.models[name].network
+            self._coefficients[name] = net.effective_coefficients() if hasattr(net, "effective_coefficients") else \
+                self.problem.reduction.coefficients(self.problem, net.to_weights())  # a network of the user's
         return self._coefficients[name]
 
     def attention_maps(self, per_output=True):
@@ -245,6 +247,7 @@ class Comparison:
         ``convex_gated_mhsa.npz``; as ``solve --out``), the plots of :meth:`plot`
         and ``compare.json`` (:meth:`summary`, with the ``extra`` entries); returns the file names."""
         from ..core.io import prepare_out_dir, save_npz, write_json
+        from ..core.registry import gate_arrays
 
         prepare_out_dir(folder, "folder")
         files = []
@@ -253,7 +256,7 @@ class Comparison:
             result.save(os.path.join(folder, files[-1]))
         for name, r in self.models.items():
             arrays = r.network.arrays()
-            arrays.update({k: getattr(r.network, k) for k in ("U1", "U2", "H") if hasattr(r.network, k)})  # the gates
+            arrays.update({k: getattr(r.network, k) for k in gate_arrays() if hasattr(r.network, k)})  # the gates
             files.append(f"{name}.npz")
             save_npz(os.path.join(folder, files[-1]), objective_history=r.train.history.objective,
                      seconds_history=r.train.history.seconds, **arrays)
@@ -329,7 +332,7 @@ def label(model, program, heads):
 def head_counts(plan, model, problem, solution):
     """The head counts ``model`` is trained with: the given ones, or its default; [None] when the
     model has no head count (softmax attention, the convex model)."""
-    default = MODELS[model].default_heads
+    default = MODELS[model].default_heads if model in MODELS else None  # a network of the user's: as it is
     if default is None:
         return [None]
     return plan.heads or default(problem, solution)
@@ -371,6 +374,8 @@ def objective_parts(net, problem):
 
 
 ZERO_OUTPUT = 1e-6  # max |yhat| at most this fraction of max |T|: the network outputs zero
+NETWORK_NOTE = ("a network of the user's (compare's networks) is bounded only where it offers to_weights() giving "
+                "its family's heads, at which the family's objective is its own: this one does not")
 ROUNDING = 1e-9  # relative difference of two objectives read as equal
 
 
@@ -416,7 +421,8 @@ def model_report(model, bound, run, problem, reference, program):
                      objective_minus_convex_optimum=run.objective - optimum,
                      note=f"network {equation(model, program)} is not covered by the bound (docs/conventions.md): "
                           "the convex optimum is a comparison point, and certified_lower_bound is D(V) of that "
-                          "program, not a bound on this network; " + (MODELS[model].note or
+                          "program, not a bound on this network; " + ((MODELS[model].note if model in MODELS else
+                                                                       NETWORK_NOTE) or
                           "its regulariser (weight decay) is not the convex one, so compare losses, not objectives"))
     entry.update(train_loss=h.train_loss[-1], test_loss=h.test_loss[-1], train_accuracy=h.train_accuracy[-1],
                  test_accuracy=h.test_accuracy[-1])

@@ -6,6 +6,7 @@ loose bound), trains the models and returns a :class:`~.result.Comparison`. :fun
 both in one call. With ``tune`` the learning rate and beta of every model are chosen on the
 validation split first (:mod:`.tuning`).
 """
+import copy
 import time
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class Plan:
     teacher: np.ndarray
     sequence: bool
     progress: bool
+    networks: dict = None  # name -> a torch module of the user's (compare's ``networks``)
 
     @property
     def heartbeat(self):
@@ -44,8 +46,9 @@ class Plan:
         return 5.0 if self.progress else None
 
     def bounding(self, model, problem=None):
-        """The problem whose certificate bounds ``model`` (None for (3)), at ``problem``'s beta."""
-        row = MODELS[model].bounding
+        """The problem whose certificate bounds ``model`` (None for (3); for a network of the user's, None
+        until it is trained: :meth:`bound_of`), at ``problem``'s beta."""
+        row = None if model in self.networks else MODELS[model].bounding
         return None if row is None else row(problem or self.problem, self.gates, self.gate_seed)
 
     def problems(self, problem=None):
@@ -60,13 +63,34 @@ class Plan:
 
     def train(self, model, problem, lr, heads, evaluation):
         """Build ``model`` on ``problem`` (its bounding problem, or the comparison's) and train it at
-        ``problem.beta`` and ``lr``; ``evaluation``: the split whose loss is recorded, (X, T) or None."""
+        ``problem.beta`` and ``lr`` (a network of the user's: a copy of it, from its own weights);
+        ``evaluation``: the split whose loss is recorded, (X, T) or None."""
         from ..nn.trainer import train
 
-        net = MODELS[model].build(problem, heads, self.sequence, self.seed)
+        if model in self.networks:
+            net = copy.deepcopy(self.networks[model])
+        else:
+            net = MODELS[model].build(problem, heads, self.sequence, self.seed)
         X_eval, T_eval = (None, None) if evaluation is None else evaluation
         return train(net, problem.program.X, problem.T, problem.loss, problem.beta, seed=self.seed,
                      progress=self.progress, X_test=X_eval, T_test=T_eval, **dict(self.options, lr=lr))
+
+    def bound_of(self, model, run, problem, bound):
+        """The bounding problem of a trained run: ``bound`` for compare's models; for a network of the
+        user's, ``problem`` where its certificate covers it, else None. It covers a network that offers
+        ``to_weights()`` giving the family's heads (which ``certify_network`` takes), at which the family's
+        objective is the network's own (to 1e-9): then D(V) bounds it, as any network of the family."""
+        if model not in self.networks:
+            return bound
+        from ..core.reductions import nonconvex_objective
+
+        net = run.network
+        try:
+            family = nonconvex_objective(problem, net.to_weights())
+        except (AttributeError, TypeError, ValueError, InvalidInputError):  # no to_weights, or not the family's heads
+            return None
+        own = run.objective
+        return problem if own is not None and abs(family - own) <= 1e-9 * max(1.0, abs(family)) else None
 
     def run(self):
         """Solve, train and report: a :class:`~.result.Comparison`."""
@@ -97,7 +121,8 @@ class Plan:
             for m in counts:
                 name = model if len(counts) == 1 else f"{model}_m{m}"
                 run = self.train(model, problem, self.options["lr"], m, self.test)
-                report = model_report(model, bound, run, problem, convex[problem.program.name], main)
+                report = model_report(model, self.bound_of(model, run, problem, bound), run, problem,
+                                      convex[problem.program.name], main)
                 runs[name] = ModelResult(name, model, label(model, main, m), run, report)
         return Comparison(self, problems, solutions, convex, runs)
 
@@ -148,9 +173,37 @@ def _check_grid(name, values):
     return list(dict.fromkeys(values))
 
 
+def _check_networks(networks, problem, models):
+    """The user's networks (name -> torch module), checked: a dict of modules with the faces of
+    :class:`cvxtransformer.nn.networks.Network` that the trainer and the report call, named apart from
+    compare's models, whose outputs on a sample have the targets' shape."""
+    import torch
+
+    if networks is None:
+        return {}
+    if not isinstance(networks, dict):
+        raise invalid("networks", "a dict name -> torch module (cvxtransformer.nn.networks.Network's interface)",
+                      type(networks).__name__)
+    faces = ("encode_inputs", "forward", "penalty", "objective", "arrays")
+    for name, net in networks.items():
+        what = f"networks[{name!r}]"
+        if not isinstance(name, str) or name in MODELS or name in models:
+            raise invalid("networks", "names apart from compare's models", repr(name))
+        lacks = [f for f in faces if not callable(getattr(net, f, None))]
+        if not isinstance(net, torch.nn.Module) or lacks:
+            raise invalid(what, "a torch module with " + ", ".join(faces) + " (cvxtransformer.nn.networks.Network)",
+                          type(net).__name__ + (f" without {', '.join(lacks)}" if lacks else ""))
+        with torch.no_grad():
+            out = net(*net.encode_inputs(problem.program.X[:1]))
+        if tuple(out.shape) != (1, problem.T.shape[1]):
+            raise invalid(what, f"outputs of shape (N, {problem.T.shape[1]}) (the encoded targets')",
+                          f"shape {tuple(out.shape)} on one sample")
+    return dict(networks)
+
+
 def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None, seed=0, batch_size=None,
          eval_every=None, solver="auto", tol=1e-6, gates=8, gate_seed=0, test=None, validation=None, tune=None,
-         teacher_attention=None, sequence=None, progress=False):
+         teacher_attention=None, sequence=None, progress=False, networks=None):
     """Validate the arguments of :func:`compare` (no solve, no training): a :class:`Plan`."""
     from ..core.problem import check_problem
     from ..core.validation import check_choice, check_int, check_tol
@@ -172,6 +225,12 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
         tune = {"lr": _check_grid("tune['lr']", tune.get("lr", LR_GRID)),
                 "beta_frac": _check_grid("tune['beta_frac']", tune.get("beta_frac", BETA_GRID))}
     models = check_models(models, program, tuned=tune is not None, outputs=problem.program.n_outputs)
+    networks = _check_networks(networks, problem, models)
+    if not models and not networks:
+        raise invalid("models", f"a model of compare for {problem.program.label}", "none: its family declares none",
+                      "pass networks of your own, ct.compare(problem, networks={'name': torch module}), or solve it "
+                      "alone (ct.solve; cvxtransformer solve)")
+    models += list(networks)
     heads = check_heads(heads)
     if tune is not None and heads is not None and len(heads) > 1:
         raise invalid("heads", "one head count with tune", repr(heads))
@@ -189,14 +248,15 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
                solver=solver, tol=check_tol(tol), gates=gates, gate_seed=check_int("gate_seed", gate_seed),
                test=check_split(problem, test, ("X_test", "y_test")),
                validation=check_split(problem, validation, ("X_val", "y_val")), tune=tune,
-               teacher=_check_teacher(teacher_attention, problem), sequence=bool(sequence), progress=bool(progress))
+               teacher=_check_teacher(teacher_attention, problem), sequence=bool(sequence), progress=bool(progress),
+               networks=networks)
     out.problems()  # builds (and checks) every bounding problem now, e.g. the gates
     return out
 
 
 def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None, seed=0, batch_size=None,
             eval_every=None, solver="auto", tol=1e-6, gates=8, gate_seed=0, test=None, validation=None,
-            tune=None, teacher_attention=None, sequence=None, progress=False):
+            tune=None, teacher_attention=None, sequence=None, progress=False, networks=None):
     """Solve the convex program exactly, train nonconvex networks by SGD or Adam on the same data and
     beta, and certify how far each network is from the optimum of its family.
 
@@ -237,6 +297,13 @@ def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=N
     sequence : targets per token (y of shape (N, n, c)); default: True when the program's outputs are
         per token (a program with ``pooled`` False), else False
     progress : progress bars (and, with ``tune``, one line per grid point on stderr)
+    networks : networks of your own, ``{"name": module}``: torch modules with the interface of
+        :class:`cvxtransformer.nn.networks.Network` (``encode_inputs``, ``forward``, ``penalty``,
+        ``objective``, ``arrays``), each trained from its own weights (a copy: the module given is left as
+        it is) beside ``models`` (with ``models=None``, the family's default models, none for a family
+        that declares none). A network that offers ``to_weights()`` giving the family's heads (those
+        :func:`cvxtransformer.certify_network` takes), at which the family's objective is its own, gets a
+        certified gap like the family's models; any other is compared with the convex optimum
 
     Returns
     -------
@@ -259,5 +326,5 @@ def compare(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=N
     return plan(problem, models=models, optimizer=optimizer, lr=lr, steps=steps, heads=heads, seed=seed,
                 batch_size=batch_size, eval_every=eval_every, solver=solver, tol=tol, gates=gates,
                 gate_seed=gate_seed, test=test, validation=validation, tune=tune,
-                teacher_attention=teacher_attention, sequence=sequence, progress=progress).run()
+                teacher_attention=teacher_attention, sequence=sequence, progress=progress, networks=networks).run()
 

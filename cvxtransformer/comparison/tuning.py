@@ -104,7 +104,7 @@ def run_tuned(plan):
         j = fracs.index(row["beta_fraction"])
         problem = problems[key].with_beta(row["beta"])
         run = plan.train(model, problem, row["lr"], row["heads"], test)
-        report = model_report(model, bound, run, problem, exact_rows[key][j], main)
+        report = model_report(model, plan.bound_of(model, run, problem, bound), run, problem, exact_rows[key][j], main)
         report.update(validation_loss=row["validation_loss"], beta_fraction=row["beta_fraction"])
         runs[model] = ModelResult(model, model, label(model, main, row["heads"]), run, report,
                                   detail=f"lr {row['lr']:g}, beta {row['beta_fraction']:g} beta_max")

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .arrays import F64
+from .contracts import GRAM_LAYOUT
 from .data import StreamedRows, file_backed
 from .errors import invalid
 from .programs import CHUNK_BYTES, Program, _SampleOperator
@@ -87,6 +88,8 @@ class AttentionOperator(_SampleOperator):
     shards : None (all samples are here), or the data shards of a distributed solve: ``adjoint``,
         ``gram`` and the block norms are then summed over them
     """
+
+    coefficient_layout = GRAM_LAYOUT  # (|J|, c, |K|, d): what gram and weighted_gram assume (core/contracts.py)
 
     def __init__(self, X, K, mask, c, device, chunk=None, shards=None):
         self.X, self.K, self.mask, self.c, self.device, self.shards = X, K, mask, c, device, shards
@@ -479,6 +482,7 @@ class AttentionProgram(Program):
 
     regularizer_class = GroupLasso
     support_label = "nonzero groups"
+    operator_class = (AttentionOperator, TokenOperator)
     gate_array_kinds = {"U1": "gate vectors", "U2": "gate vectors"}  # program (12)'s
 
     @classmethod

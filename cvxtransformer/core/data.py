@@ -75,15 +75,15 @@ def _npy(path, role, name):
 class DataSet:
     """X, y (and gates) of DATA, opened without reading X (see the module docstring).
 
-    Attributes: ``N`` (rows in all), ``shape`` (N, n, d), ``counts`` (rows per shard), ``U1``,
-    ``U2``, ``H`` (None when absent), ``gates`` (every gate array present, by name: those and ``G``),
-    ``in_memory`` (True for a .npz file), ``sources`` (the file or folder of each shard, for messages).
+    Attributes: ``N`` (rows in all), ``shape`` (N, n, d), ``counts`` (rows per shard), ``gates`` (the
+    gate arrays present, by name: those of :func:`~.registry.gate_arrays`), ``in_memory`` (True for a
+    .npz file), ``sources`` (the file or folder of each shard, for messages).
     """
 
-    def __init__(self, parts, U1=None, U2=None, in_memory=False, H=None, **gates):
-        self.parts, self.U1, self.U2, self.in_memory, self.H = parts, U1, U2, in_memory, H
+    def __init__(self, parts, in_memory=False, **gates):
+        self.parts, self.in_memory = parts, in_memory
         self.sources = [None] * len(parts)
-        self.gates = {k: v for k, v in dict(U1=U1, U2=U2, H=H, **gates).items() if v is not None}  # by name
+        self.gates = {k: v for k, v in gates.items() if v is not None}  # by name
         self.counts = [len(X) for X, _ in parts]
         self.N = sum(self.counts)
         self.shape = (self.N,) + parts[0][0].shape[1:]

@@ -78,9 +78,9 @@ import numpy as np
 import torch
 
 from .arrays import F64, to_tensor
-from .errors import invalid
-from .programs import CHUNK_BYTES, Program
-from .reductions import ALL_LOSSES, Reduction
+from .programs import ChunkedOperator, Program
+from .reductions import (ALL_LOSSES, Heads, Reduction, by_chunks, checked_gate, checked_weights, gated_models,
+                         weight_decay_objective)
 from .registry import register
 from .regularizers import NuclearNorm
 from .validation import check_gate_arrays, check_gates_memory, check_int
@@ -104,7 +104,7 @@ def _kl_to_blocks(S, d, c):
     return S.reshape(d, d, P, d, c).permute(2, 0, 3, 1, 4).reshape(P, d * d, d * c)
 
 
-class MHSAOperator:
+class MHSAOperator(ChunkedOperator):
     """The map ``Z -> Yhat`` of program (6) in torch, by chunks of samples; with gates (the subclass
     :class:`GatedMHSAOperator`) that of the gated-ReLU program, whose case of one gate
     open everywhere program (6) is.
@@ -121,22 +121,17 @@ class MHSAOperator:
     ``X`` (N, n, d) in the op's dtype on its storage device (or streamed, :mod:`.data`); ``pooled``:
     mean-pooled output; ``c``: outputs per token; ``shards``: None, or the data shards of a
     distributed solve (``adjoint`` and the norms are then summed over them). Coefficients are
-    (d^2, dc) tensors (gated: (P, d^2, dc)); outputs (N, n*c) or (N, c).
+    (d^2, dc) tensors (gated: (P, d^2, dc)); outputs (N, n*c) or (N, c). The products are
+    :class:`~.programs.ChunkedOperator`'s.
     """
 
     gates = 1  # coefficient matrices (one per gate)
 
     def __init__(self, X, pooled, c, device, chunk=None, shards=None):
-        self.X, self.pooled, self.c, self.device, self.shards = X, pooled, c, device, shards
-        self.N, self.n, self.d = X.shape
-        self.dtype = X.dtype
-        self.n_outputs = c if pooled else self.n * c
-        self.chunk_arg = chunk
-        if chunk is None:
-            chunk = max(256, int(CHUNK_BYTES // (X.element_size() * self._row_elements())))
-        self.chunk = max(1, min(int(chunk), self.N))
-        self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
-        self._formed = None
+        self.pooled, self.c = pooled, c
+        n, d = X.shape[1:]
+        super().__init__(X, device, c if pooled else n * c, chunk, shards)
+        self._readin_shape = (d * d, self.gates * d * c)
 
     @property
     def shape(self):
@@ -148,32 +143,21 @@ class MHSAOperator:
         d, c = self.d, self.c
         return self.n * d + 2 * d * d + 2 * d * c + self.n_outputs
 
-    @property
-    def N_total(self):
-        """Samples of the whole problem (all shards)."""
-        return self.N if self.shards is None else self.shards.total
-
-    @property
-    def streams(self):
-        """Whether every product reads the data from outside the device (a memory map, or host memory)."""
-        return not isinstance(self.X, torch.Tensor) or self.X.device != self.device
-
-    def _data(self, s, e):
-        """(X rows (r, n, d) on the device, key features K (r, m, d^2), masks (r, n, P*m) or None) of the
-        samples s:e; formed once when all the data is one chunk on the device (a few MB at most)."""
-        if len(self.bounds) > 1 or self.streams:
-            return self._form(s, e)
-        if self._formed is None:
-            self._formed = self._form(s, e)
-        return self._formed
+    def restrict(self, J):
+        """The operator of the gates J (an index tensor along the first axis); one matrix is one gate: this one."""
+        if len(J) != 1 or int(J[0]) != 0:
+            raise IndexError(f"gates {J} of an operator of one gate")
+        return self
 
     def _form(self, s, e):
-        """:meth:`_data`, formed: here one key per sample, ``G_i``, and no mask."""
+        """The data of samples s:e: (X rows (r, n, d) on the device, key features K (r, m, d^2), masks
+        (r, n, P*m) or None); here one key per sample, ``G_i``, and no mask."""
         Xc = self.X[s:e].to(self.device, non_blocking=True)
         return Xc, (Xc.transpose(1, 2) @ Xc).reshape(e - s, 1, -1), None
 
-    def _outputs(self, Xc, K, D, Zkl):
+    def _outputs(self, data, Zkl):
         """``Yhat`` of a chunk (r, n_outputs) from its data and Z in ((k,l), (g,a,b)) layout."""
+        Xc, K, D = data
         r, m = K.shape[:2]
         d, c = self.d, self.c
         M = K.reshape(r * m, d * d) @ Zkl  # (r*m, P*d*c)
@@ -184,8 +168,9 @@ class MHSAOperator:
         Y = (Xc.reshape(-1, 1, d) @ (D @ M).view(-1, d, c)).view(r, self.n, c)
         return Y.mean(dim=1) if self.pooled else Y.reshape(r, -1)
 
-    def _readin(self, Xc, K, D, Vc):
+    def _readin(self, data, Vc):
         """The chunk's ``K^T Q`` summand of ``A^T V`` in ((k,l), (g,a,b)) layout (d^2, P*d*c)."""
+        Xc, K, D = data
         r, m = K.shape[:2]
         d, c, n = self.d, self.c, self.n
         if D is None:
@@ -197,39 +182,11 @@ class MHSAOperator:
             Q = (D.transpose(1, 2) @ B).view(r, -1, m, d * c).transpose(1, 2).reshape(r * m, -1)
         return K.reshape(r * m, d * d).T @ Q
 
-    def _coefficients(self, Z):
+    def _weights(self, Z):
         return _blocks_to_kl(Z.reshape(-1, self.d * self.d, self.d * self.c), self.d, self.c)
 
-    def _result(self, S):
-        if self.shards is not None:
-            self.shards.sum_(S)
+    def _from_readin(self, S):
         return _kl_to_blocks(S, self.d, self.c).reshape(self.shape)
-
-    def forward(self, Z):
-        Zkl = self._coefficients(Z)
-        out = torch.empty(self.N, self.n_outputs, dtype=self.dtype, device=self.device)
-        for s, e in self.bounds:
-            out[s:e] = self._outputs(*self._data(s, e), Zkl)
-        return out
-
-    def adjoint(self, V):
-        S = torch.zeros(self.d ** 2, self.gates * self.d * self.c, dtype=self.dtype, device=self.device)
-        for s, e in self.bounds:
-            S += self._readin(*self._data(s, e), V[s:e])
-        return self._result(S)
-
-    def forward_adjoint(self, Z, dual):
-        """``Yhat = A Z``, ``V = dual(Yhat[s:e], s, e)`` and ``A^T V`` in one pass over the data."""
-        Zkl = self._coefficients(Z)
-        out = torch.empty(self.N, self.n_outputs, dtype=self.dtype, device=self.device)
-        V = torch.empty_like(out)
-        S = torch.zeros(self.d ** 2, self.gates * self.d * self.c, dtype=self.dtype, device=self.device)
-        for s, e in self.bounds:
-            data = self._data(s, e)
-            out[s:e] = self._outputs(*data, Zkl)
-            V[s:e] = dual(out[s:e], s, e)
-            S += self._readin(*data, V[s:e])
-        return out, V, self._result(S)
 
     # --- operator norms (gap-safe screening), per gate ----------------------------------------------
     @staticmethod
@@ -331,6 +288,7 @@ class LinearMHSAProgram(Program):
     name = "mhsa"
     label = "program (6) (linear MHSA)"
     regularizer_class = NuclearNorm
+    operator_class = MHSAOperator
     support_label = "rank"
     any_length = True
     degree = 3  # yhat_i = sum_kl G_i[k, l] X_i Z^(k,l) with G_i = X_i^T X_i: cubic in X
@@ -492,7 +450,7 @@ class LinearMHSAProgram(Program):
 
 
 @dataclass
-class MHSAHeads:
+class MHSAHeads(Heads):
     """Heads of the linear multi-head self-attention network (5).
 
     W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c).
@@ -502,10 +460,6 @@ class MHSAHeads:
     W1: np.ndarray
     W2: np.ndarray
     form: str = "balanced"
-
-    @property
-    def heads(self):
-        return self.W1.shape[0]
 
 
 class LinearMHSAReduction(Reduction):
@@ -519,18 +473,14 @@ class LinearMHSAReduction(Reduction):
                                   heads="around_rank", default=True, colour="tab:blue"),
               "softmax": {}}
 
-    @staticmethod
-    def coefficients(problem, heads):
+    @classmethod
+    def coefficients(cls, problem, heads):
         """The coefficients Z (d^2, d c) of program (6) that network (5) with ``heads`` implements:
         ``Z[(k,a), (l,b)] = sum_j W1j[a, k] W2j[l, b]``, i.e. ``Z = sum_j u_j v_j^T`` with
         ``u_j[k*d + a] = W1j[a, k]``, ``v_j[l*c + b] = W2j[l, b]``. The network's output is the program's
         ``forward(Z)`` and ``beta ||Z||_* <= beta sum_j ||W1j|| ||W2j|| <=`` its penalty."""
-        p = problem.program
-        if not isinstance(heads, MHSAHeads):
-            raise invalid("weights", f"MHSAHeads (W1, W2), the heads of network (5), for {p.label}", type(heads).__name__)
-        LinearMHSAReduction.check_form(heads.form, "weights.form")
-        W1, W2 = _mhsa_weights(p, heads)
-        return LinearMHSAReduction.sum_heads(W1, W2)
+        heads = cls.check_heads(problem, heads, "(W1, W2), the heads of network (5),")
+        return cls.sum_heads(*_mhsa_weights(problem.program, heads))
 
     @staticmethod
     def sum_heads(W1, W2):
@@ -538,54 +488,35 @@ class LinearMHSAReduction(Reduction):
         case of :func:`sum_gated_heads` (behind ``LinearMHSA.effective_coefficients``)."""
         return sum_gated_heads(W1, W2, np.zeros(len(W1), dtype=int), 1)[0]
 
-    @staticmethod
-    def invert(problem, Z, form="balanced"):
+    @classmethod
+    def invert(cls, problem, Z, form="balanced"):
         """``m = rank(Z)`` heads (W1j, W2j) from the SVD of Z, balanced: ``beta/2 (||W1j||^2 + ||W2j||^2) = beta s_j``."""
-        LinearMHSAReduction.check_form(form)
-        p = problem.program
-        return MHSAHeads(*_svd_heads(Z, problem.regularizer.rank(Z), p.d, p.c))
+        cls.check_form(form)
+        return MHSAHeads(*_svd_heads(Z, problem.regularizer.rank(Z), problem.program.d, problem.program.c))
 
     @staticmethod
     def predict(X, heads, pooled, chunk=4096):
         """Outputs of network (5): (N, n*c) per token, or (N, c) mean-pooled; in float64, by chunks of
         samples (``X`` may be a memory map larger than memory)."""
-        N, n, _ = X.shape
-        c = heads.W2.shape[2]
-        out = np.empty((N, c) if pooled else (N, n * c))
-        for s in range(0, N, chunk):
-            Xc = np.asarray(X[s:s + chunk], dtype=float)
+        def outputs(Xc):
             G = np.einsum("ita,itb->iab", Xc, Xc)
             Y = np.einsum("ita,jak,ikb,jbc->itc", Xc, heads.W1, G, heads.W2, optimize=True)
-            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
-        return out
+            return Y.mean(axis=1) if pooled else Y.reshape(len(Xc), -1)
+
+        return by_chunks(X, outputs, heads.W2.shape[2] * (1 if pooled else X.shape[1]), chunk)
 
     @staticmethod
     def objective(problem, heads):
         """``sum_i L(sum_j X_i W1j X_i^T X_i W2j, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)``."""
-        p = problem.program
-        return _weight_decay_objective(problem, LinearMHSAReduction.predict(p.X, heads, p.pooled), heads)
+        Yhat = LinearMHSAReduction.predict(problem.program.X, heads, problem.program.pooled)
+        return weight_decay_objective(problem, Yhat, heads, ("W1", "W2"))
 
 
 def _mhsa_weights(program, heads):
     """``(W1 (m, d, d), W2 (m, d, c))`` of the heads as finite float arrays of the program's d and c;
     errors name the weights."""
-    p = program
-    W1, W2 = np.asarray(heads.W1), np.asarray(heads.W2)
-    m = W1.shape[0] if W1.ndim == 3 else -1
-    if W1.shape != (m, p.d, p.d) or W2.shape != (m, p.d, p.c):
-        raise invalid("weights", f"W1, W2 of shapes (m, {p.d}, {p.d}) and (m, {p.d}, {p.c}) for {p.label}",
-                      f"{W1.shape} and {W2.shape}")
-    W1, W2 = W1.astype(float), W2.astype(float)
-    if not (np.all(np.isfinite(W1)) and np.all(np.isfinite(W2))):
-        raise invalid("weights", "finite values", "NaN/Inf entries")
-    return W1, W2
-
-
-def _weight_decay_objective(problem, Yhat, heads):
-    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` of heads ``W1``, ``W2`` (balanced only)."""
-    Reduction.check_form(heads.form, "weights.form")
-    penalty = 0.5 * problem.beta * float(np.sum(heads.W1 ** 2) + np.sum(heads.W2 ** 2))
-    return problem.loss.value(Yhat, problem.T) + penalty
+    d, c = program.d, program.c
+    return checked_weights(program.label, {"W1": heads.W1, "W2": heads.W2}, [(-1, d, d), (-1, d, c)])
 
 
 def _svd_heads(Z, m, d, c):
@@ -674,18 +605,12 @@ class GatedMHSAOperator(MHSAOperator):
 
 
 class GatedMHSAProgram(LinearMHSAProgram):
-    """The gated-ReLU multi-head self-attention program: a nuclear norm per gate (module docstring).
-
-    Parameters
-    ----------
-    X : ndarray of shape (N, n, d)
-    c : outputs per token (sequence targets) or per sequence (``pooled``)
-    pooled : the output is the mean over tokens (one target per sequence)
-    H : ndarray of shape (P, d, d), the gate matrices
-    """
+    """The gated-ReLU multi-head self-attention program: a nuclear norm per gate (module docstring). Its
+    parameters are those of :class:`LinearMHSAProgram` and ``H``, an ndarray (P, d, d) of gate matrices."""
 
     name = "gated_mhsa"
     label = "gated-ReLU MHSA program"
+    operator_class = GatedMHSAOperator
     support_label = "rank, summed over the gates"
     gate_array_kinds = {"H": "gate matrices"}
 
@@ -746,7 +671,7 @@ class GatedMHSAProgram(LinearMHSAProgram):
 
 
 @dataclass
-class GatedMHSAHeads:
+class GatedMHSAHeads(Heads):
     """Heads of the gated-ReLU multi-head self-attention network.
 
     W1 : ndarray of shape (m, d, d); W2 : ndarray of shape (m, d, c); gate : ndarray (m,) of ints,
@@ -759,10 +684,6 @@ class GatedMHSAHeads:
     W2: np.ndarray
     gate: np.ndarray
     form: str = "balanced"
-
-    @property
-    def heads(self):
-        return self.W1.shape[0]
 
 
 class GatedMHSAReduction(Reduction):
@@ -778,26 +699,19 @@ class GatedMHSAReduction(Reduction):
 
     networks = {"gated_mhsa": "gated_mhsa"}
     equations = {"gated_mhsa": "(gated MHSA)"}
-    models = {
-        "gated_mhsa": dict(equation="(gated MHSA)", build="cvxtransformer.nn.mhsa:gated_mhsa_model",
-                           network="cvxtransformer.nn.mhsa:GatedMHSA",
-                           heads="per_gate_ranks", default=True, colour="tab:blue"),
-        "relu_mhsa": dict(equation="(ReLU MHSA)", build="cvxtransformer.nn.mhsa:relu_mhsa_model",
-                          network="cvxtransformer.nn.mhsa:ReluMHSA",
-                          heads="around_rank", bounded=False, default=True, colour="tab:brown",
-                          note="the ReLU network has the gated network's heads and weight decay, but masks that "
-                               "move with W1: the gated program's optimum is no bound for it, and objective - "
-                               "convex optimum < 0 means it does better than any network on these fixed gates"),
-    }
+    models = gated_models("cvxtransformer.nn.mhsa", ("gated_mhsa", "(gated MHSA)", "gated_mhsa_model", "GatedMHSA"),
+                          ("relu_mhsa", "(ReLU MHSA)", "relu_mhsa_model", "ReluMHSA"),
+                          note="the ReLU network has the gated network's heads and weight decay, but masks that move "
+                               "with W1: the gated program's optimum is no bound for it, and objective - convex "
+                               "optimum < 0 means it does better than any network on these fixed gates")
 
-    @staticmethod
-    def invert(problem, Z, form="balanced"):
+    @classmethod
+    def invert(cls, problem, Z, form="balanced"):
         """``rank(Z_g)`` heads on each gate g from the SVD of ``Z_g``, balanced as for program (6)."""
-        GatedMHSAReduction.check_form(form)
-        p = problem.program
-        Z = np.asarray(Z, dtype=float)
+        cls.check_form(form)
+        Z, d, c = np.asarray(Z, dtype=float), problem.program.d, problem.program.c
         ranks = problem.regularizer.ranks(Z)
-        heads = [_svd_heads(Z[g], int(r), p.d, p.c) for g, r in enumerate(ranks)]
+        heads = [_svd_heads(Z[g], int(r), d, c) for g, r in enumerate(ranks)]
         return GatedMHSAHeads(W1=np.concatenate([h[0] for h in heads]), W2=np.concatenate([h[1] for h in heads]),
                               gate=np.repeat(np.arange(len(ranks)), ranks))
 
@@ -807,16 +721,9 @@ class GatedMHSAReduction(Reduction):
         gates: ``Z_g[(k,a), (l,b)] = sum_{j: gate(j) = g} W1j[a, k] W2j[l, b]``. The network's output is
         the program's ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
         p = problem.program
-        if not isinstance(heads, GatedMHSAHeads):
-            raise invalid("weights", f"GatedMHSAHeads (W1, W2, gate), the heads of the gated MHSA network, for "
-                          f"{p.label}", type(heads).__name__)
-        GatedMHSAReduction.check_form(heads.form, "weights.form")
+        heads = GatedMHSAReduction.check_heads(problem, heads, "(W1, W2, gate), the heads of the gated MHSA network,")
         W1, W2 = _mhsa_weights(p, heads)
-        m, gate = len(W1), np.asarray(heads.gate)
-        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
-            raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of H per head)",
-                          f"shape {gate.shape}, dtype {gate.dtype}")
-        return sum_gated_heads(W1, W2, gate, p.gates)
+        return sum_gated_heads(W1, W2, checked_gate(heads.gate, len(W1), p.gates, "one gate of H per head"), p.gates)
 
     @staticmethod
     def sum_heads(W1, W2, gate, gates):
@@ -829,22 +736,21 @@ class GatedMHSAReduction(Reduction):
     def predict(X, heads, H, pooled, chunk=1024):
         """Outputs of the gated network, ``sum_j (D_gate(j)(X_i) * (X_i W1j X_i^T)) X_i W2j``: (N, n*c) per
         token, or (N, c) mean-pooled; float64, by chunks of samples (``X`` may be a memory map)."""
-        N, n, _ = X.shape
-        c = heads.W2.shape[2]
-        out = np.empty((N, c) if pooled else (N, n * c))
-        for s in range(0, N, chunk):
-            Xc = np.asarray(X[s:s + chunk], dtype=float)
+        def outputs(Xc):
             D = attention_masks(Xc, H)[:, :, heads.gate, :]                        # (r, t, j, s)
             scores = np.einsum("ita,jak,isk->itjs", Xc, heads.W1, Xc, optimize=True) * D
             Y = np.einsum("itjs,isl,jlb->itb", scores, Xc, heads.W2, optimize=True)
-            out[s:s + chunk] = Y.mean(axis=1) if pooled else Y.reshape(len(Xc), n * c)
-        return out
+            return Y.mean(axis=1) if pooled else Y.reshape(len(Xc), -1)
+
+        c = heads.W2.shape[2]
+        return by_chunks(X, outputs, c if pooled else X.shape[1] * c, chunk)
 
     @staticmethod
     def objective(problem, heads):
         """``sum_i L(f(X_i), Y_i) + beta/2 sum_j (||W1j||_F^2 + ||W2j||_F^2)`` with the program's gates."""
         p = problem.program
-        return _weight_decay_objective(problem, GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled), heads)
+        return weight_decay_objective(problem, GatedMHSAReduction.predict(p.X, heads, p.H, p.pooled), heads,
+                                      ("W1", "W2"))
 
 
 # cases (testing.CASES): each loss once, to keep the grids fast (its pooled squared case is in tests/test_gated_mhsa.py)

@@ -21,11 +21,11 @@ CVXPY design, and their Gram matrix per gate gives ``||A_g||_2`` exactly (n x n)
 This module is the whole family: the program, its torch operator, the network's weights
 (:class:`MixerUnits`), the reduction (:class:`MixerReduction`) and its registration as ``"mixer"``.
 
-Example
--------
+Example: N = 4 samples of n = 3 tokens and d = 2 channels
+
 >>> import numpy as np
 >>> rng = np.random.default_rng(0)
->>> X = rng.standard_normal((4, 3, 2))                      # N = 4, n = 3 tokens, d = 2 channels
+>>> X = rng.standard_normal((4, 3, 2))
 >>> p = MixerProgram(X, n_out=2, pooled=False, G=rng.standard_normal((2, 3)))
 >>> Z = rng.standard_normal(p.shape)                         # (P, n_out, n) = (2, 2, 3)
 >>> D = channel_gates(X, p.G)                                # (N, P, d)
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .arrays import F64, to_tensor
+from .arrays import to_tensor
+from .design import DesignProgram
 from .errors import invalid
-from .programs import CHUNK_BYTES, Program, _SampleOperator
-from .reductions import Reduction
+from .reductions import Heads, Reduction, by_chunks, checked_gate, checked_weights, gated_models, weight_decay_objective
 from .registry import register
 from .regularizers import NuclearNorm
 from .validation import check_gate_arrays, check_gates_memory, check_int
@@ -73,112 +73,10 @@ def masked_columns(X, G, pooled):
     return M.mean(dim=1).reshape(r, columns) if pooled else M.reshape(r * d, columns)
 
 
-class MixerOperator(_SampleOperator):
-    """The map ``Z -> Yhat`` of the token-mixing program in torch, by chunks of samples.
-
-    ``X`` (N, n, d) in the op's dtype (on ``device``, or on the host and streamed by chunks), ``G``
-    (P, n) the gates (a working set restricts it to some gates), ``n_out`` outputs per channel,
-    ``pooled``: mean over the channels. ``shards``: None, or the data shards of a distributed solve
-    (``adjoint`` and the norms are summed over them). Coefficients (P, n_out, n); outputs (N, n_out d)
-    ordered (o, a), or (N, n_out) pooled. The gates are computed in the op's dtype.
-    """
-
-    def __init__(self, X, G, n_out, pooled, device, chunk=None, shards=None):
-        self.X, self.G, self.n_out, self.pooled, self.device, self.shards = X, G, n_out, pooled, device, shards
-        self.N, self.n, self.d = X.shape
-        self.gates = G.shape[0]
-        self.dtype = X.dtype
-        self.n_outputs = n_out if pooled else n_out * self.d
-        self.chunk_arg = chunk
-        if chunk is None:
-            row = self.d * (self.gates * self.n + self.n + 2 * n_out) + self.n_outputs
-            chunk = max(256, int(CHUNK_BYTES // (X.element_size() * row)))
-        self.chunk = max(1, min(int(chunk), self.N))
-        self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
-        self._formed = None
-
-    @property
-    def shape(self):
-        return (self.gates, self.n_out, self.n)
-
-    @property
-    def streams(self):
-        """Whether every product reads the data from outside the device."""
-        return not isinstance(self.X, torch.Tensor) or self.X.device != self.device
-
-    def rows(self, s, e):
-        """:func:`masked_columns` of samples s:e on the device (formed once when all the data is one
-        chunk on the device)."""
-        if len(self.bounds) == 1 and not self.streams:
-            if self._formed is None:
-                self._formed = masked_columns(self.X.to(self.device), self.G, self.pooled)
-            return self._formed
-        return masked_columns(self.X[s:e].to(self.device, non_blocking=True), self.G, self.pooled)
-
-    def restrict(self, J):
-        """The operator of the gates J (an index tensor) of this one; the data is not copied."""
-        G = self.G.index_select(0, torch.as_tensor(J, device=self.G.device))
-        return MixerOperator(self.X, G, self.n_out, self.pooled, self.device, self.chunk_arg, self.shards)
-
-    def _outputs(self, M, W, r):
-        """Outputs (r, n_outputs) from a chunk's rows M and ``W = Z^T`` ((g, t), o)."""
-        Y = M @ W
-        return Y if self.pooled else Y.view(r, self.d, self.n_out).transpose(1, 2).reshape(r, -1)
-
-    def _readin(self, M, V):
-        """The chunk's ``M^T V`` in ((g, t), o) layout, V (r, n_outputs) reordered to the rows of M."""
-        if not self.pooled:
-            V = V.reshape(-1, self.n_out, self.d).transpose(1, 2).reshape(-1, self.n_out)
-        return M.T @ V
-
-    def _result(self, S):
-        if self.shards is not None:
-            self.shards.sum_(S)
-        return S.view(self.gates, self.n, self.n_out).transpose(1, 2).contiguous()
-
-    def _weights(self, Z):
-        return Z.reshape(self.shape).transpose(1, 2).reshape(-1, self.n_out)
-
-    def forward(self, Z):
-        W = self._weights(Z)
-        out = torch.empty(self.N, self.n_outputs, dtype=self.dtype, device=self.device)
-        for s, e in self.bounds:
-            out[s:e] = self._outputs(self.rows(s, e), W, e - s)
-        return out
-
-    def adjoint(self, V):
-        S = torch.zeros(self.gates * self.n, self.n_out, dtype=self.dtype, device=self.device)
-        for s, e in self.bounds:
-            S += self._readin(self.rows(s, e), V[s:e])
-        return self._result(S)
-
-    def forward_adjoint(self, Z, dual):
-        """``Yhat = A Z``, ``V = dual(Yhat[s:e], s, e)`` and ``A^T V`` in one pass over the data."""
-        W = self._weights(Z)
-        out = torch.empty(self.N, self.n_outputs, dtype=self.dtype, device=self.device)
-        V = torch.empty_like(out)
-        S = torch.zeros(self.gates * self.n, self.n_out, dtype=self.dtype, device=self.device)
-        for s, e in self.bounds:
-            M = self.rows(s, e)
-            out[s:e] = self._outputs(M, W, e - s)
-            V[s:e] = dual(out[s:e], s, e)
-            S += self._readin(M, V[s:e])
-        return out, V, self._result(S)
-
-    def operator_norms(self):
-        """``||A_g||_2`` of every gate, float64 tensor (P,): ``sigma_max`` of the gate's rows, from their
-        n x n Gram matrix (the map ``Z_g -> rows_g Z_g^T`` acts on each output row alike)."""
-        C = torch.zeros(self.gates, self.n, self.n, dtype=F64, device=self.device)
-        for s, e in self.bounds:
-            M = self.rows(s, e).to(F64).view(-1, self.gates, self.n).transpose(0, 1)  # (P, rows, n)
-            C += M.transpose(1, 2) @ M
-        if self.shards is not None:
-            self.shards.sum_(C)
-        return torch.sqrt(torch.linalg.eigvalsh(C)[:, -1].clamp_min(0.0)).cpu()
-
-
-class MixerProgram(Program):
-    """The gated-ReLU token-mixing program (module docstring): a nuclear norm per gate.
+class MixerProgram(DesignProgram):
+    """The gated-ReLU token-mixing program (module docstring): a nuclear norm per gate, on the design base
+    (:class:`~.design.DesignProgram`): the masked columns are its design rows, Z (P, n_out, n) its layout
+    (the outputs on axis 1, read channel by channel).
 
     Parameters
     ----------
@@ -190,8 +88,8 @@ class MixerProgram(Program):
 
     name = "mixer"
     label = "gated-ReLU token-mixing program (MLP-Mixer)"
-    regularizer_class = NuclearNorm
     support_label = "rank, summed over the gates"
+    regularizer_class = NuclearNorm
     gate_array_kinds = {"G": "gate vectors"}
 
     @classmethod
@@ -218,102 +116,36 @@ class MixerProgram(Program):
         return cls(X, y.shape[1] if per_channel else T.shape[1], not per_channel, G)
 
     def __init__(self, X, n_out, pooled, G):
-        super().__init__(X)
         self.N, self.n, self.d = X.shape
         self.n_out, self.pooled = int(n_out), bool(pooled)
-        self.n_outputs = self.n_out if self.pooled else self.n_out * self.d
         self.G = np.asarray(G, dtype=float)
         self.gates = self.G.shape[0]
-        self.shape = self.canonical_shape = (self.gates, self.n_out, self.n)
-        self._norms = None
+        self.formed_rows = self.d  # the masked columns of every channel, pooled or not
+        super().__init__(X, (self.gates, self.n_out, self.n), outputs=(1,), rows=1 if self.pooled else self.d,
+                         by_column=True)
+
+    def features(self, X, J=None):
+        """:func:`masked_columns` of samples ``X`` (tensors), of the gates J (all: None)."""
+        G = torch.as_tensor(self.G, dtype=X.dtype, device=X.device)
+        return masked_columns(X, G if J is None else G.index_select(0, J), self.pooled)
 
     def gate_arrays(self):
         """The gate vectors G (P, n): with X they define the map."""
         return {"G": self.G}
 
-    @property
-    def n_blocks(self):
-        """Number of singular directions, ``P min(n_out, n)``."""
-        return self.gates * min(self.n_out, self.n)
-
     def on(self, X):
         """The same program (same gates) on other data ``X`` (N', n, d'): any number of channels."""
         return MixerProgram(np.asarray(X, dtype=float), self.n_out, self.pooled, self.G)
 
-    def _make_operator(self, Xs, device, chunk):
-        G = torch.as_tensor(self.G, dtype=Xs.dtype).to(device)
-        return MixerOperator(Xs, G, self.n_out, self.pooled, device, chunk, self.shards)
 
-    def block_norms(self):
-        """``||A_g||_2`` of each gate (exact), shape (P,), cached: what the rank screening needs."""
-        if self._norms is None:
-            self._norms = self.operator().operator_norms().numpy()
-        return self._norms
-
-    # --- CVXPY faces: the variable W (P n, n_out), W[(g, t), o] = Z[g, o, t] -------------------------
-    cvxpy_formulations = ("direct",)  # (and compressed for the squared loss)
-
-    def design(self, start=0, stop=None):
-        """The masked columns of samples ``start:stop`` (:func:`masked_columns`), float64: rows (i, a)
-        (or i, pooled), columns (g, t); ``design @ W`` is the output with rows (i, a) and columns o."""
-        X = to_tensor(np.asarray(self.X[start:stop], dtype=float))
-        return masked_columns(X, to_tensor(self.G), self.pooled).numpy()
-
-    def _channel_rows(self, Y):
-        """Outputs or targets (rows, n_out d) ordered (o, a) -> (rows d, n_out) with rows (i, a)."""
-        return Y.reshape(-1, self.n_out, self.d).transpose(0, 2, 1).reshape(-1, self.n_out)
-
-    def design_gram(self, start, stop, Y):
-        """``(A^T A, A^T Y)`` of samples ``start:stop`` for the compressed squared loss; ``Y`` (the
-        targets reshaped to n_out columns) is put back in the design's rows (i, a) first."""
-        A = torch.from_numpy(self.design(start, stop))
-        Y = np.asarray(Y, dtype=float)
-        Y = Y if self.pooled else self._channel_rows(Y.reshape(stop - start, -1))
-        return (A.T @ A).numpy(), (A.T @ torch.from_numpy(np.ascontiguousarray(Y))).numpy()
-
-    def cvxpy_variable(self):
-        import cvxpy as cp
-
-        return cp.Variable((self.gates * self.n, self.n_out), name="Z")
-
-    def cvxpy_forward(self, W):
-        """``Yhat`` (N, n_outputs) as a CVXPY expression: the design times W, reordered to (o, a)."""
-        import cvxpy as cp
-
-        out = self.design() @ W
-        if self.pooled:
-            return out
-        swapped = cp.transpose(cp.reshape(out, (self.N, self.d, self.n_out), order="C"), axes=(0, 2, 1))
-        return cp.reshape(swapped, (self.N, self.n_outputs), order="C")
-
-    def cvxpy_adjoint(self, V):
-        """``A^T V`` in the layout of the variable (P n, n_out), from a CVXPY expression V (N, n_outputs)."""
-        import cvxpy as cp
-
-        if not self.pooled:
-            V = cp.transpose(cp.reshape(V, (self.N, self.n_out, self.d), order="C"), axes=(0, 2, 1))
-            V = cp.reshape(V, (self.N * self.d, self.n_out), order="C")
-        return self.design().T @ V
-
-    def cvxpy_blocks(self, W):
-        """The matrices ``Z_g^T`` (n, n_out) as a (P, n, n_out) expression (the nuclear norm is the same)."""
-        import cvxpy as cp
-
-        return cp.reshape(W, (self.gates, self.n, self.n_out), order="C")
-
-    def from_cvxpy(self, W):
-        """Z (P, n_out, n) from a value of the CVXPY variable."""
-        return np.asarray(W, dtype=float).reshape(self.gates, self.n, self.n_out).transpose(0, 2, 1).copy()
-
-    def to_cvxpy(self, Z):
-        """The value of the CVXPY variable for coefficients Z (P, n_out, n)."""
-        return np.asarray(Z, dtype=float).transpose(0, 2, 1).reshape(self.gates * self.n, self.n_out)
-
-    from_blocks = from_cvxpy
+# what compare's report says of the ReLU network
+RELU_NOTE = ("the ReLU token-mixing MLP has the gated network's units and weight decay, but each unit is gated by its "
+             "own sign: the program's optimum is no bound for it, and objective - convex optimum < 0 means it does "
+             "better than any network on these fixed gates")
 
 
 @dataclass
-class MixerUnits:
+class MixerUnits(Heads):
     """Hidden units of the gated token-mixing network.
 
     w1 : ndarray (m, n), each unit's token weights; w2 : ndarray (m, n_out), its output weights;
@@ -327,10 +159,6 @@ class MixerUnits:
     gate: np.ndarray
     form: str = "balanced"
 
-    @property
-    def heads(self):
-        return self.w1.shape[0]
-
 
 class MixerReduction(Reduction):
     """The gated token-mixing network <-> the program, gate by gate (Sahiner et al.'s argument).
@@ -343,20 +171,9 @@ class MixerReduction(Reduction):
     """
     heads = MixerUnits
 
-    networks = {"mixer": "mixer"}
-    equations = {"mixer": "(gated token mixing)"}
-    models = {  # compare's models (Reduction.models)
-        "mixer": dict(equation="(gated token mixing)", build="cvxtransformer.nn.mixer:gated_model",
-                      network="cvxtransformer.nn.mixer:GatedMixer",
-                      heads="per_gate_ranks", default=True, colour="tab:blue"),
-        "relu_mixer": dict(equation="(ReLU token mixing)", build="cvxtransformer.nn.mixer:relu_model",
-                           network="cvxtransformer.nn.mixer:ReluMixer",
-                           heads="around_rank", bounded=False, default=True, colour="tab:brown",
-                           note="the ReLU token-mixing MLP has the gated network's units and weight decay, but each "
-                                "unit is gated by its own sign: the program's optimum is no bound for it, and "
-                                "objective - convex optimum < 0 means it does better than any network on these "
-                                "fixed gates"),
-    }
+    networks, equations = {"mixer": "mixer"}, {"mixer": "(gated token mixing)"}
+    models = gated_models("cvxtransformer.nn.mixer", ("mixer", "(gated token mixing)", "gated_model", "GatedMixer"),
+                          ("relu_mixer", "(ReLU token mixing)", "relu_model", "ReluMixer"), RELU_NOTE)
 
     @staticmethod
     def invert(problem, Z, form="balanced"):
@@ -377,21 +194,10 @@ class MixerReduction(Reduction):
         gates: ``Z_g = sum_{j: gate(j) = g} w2_j w1_j^T``. The network's output is the program's
         ``forward(Z)`` and ``beta sum_g ||Z_g||_* <=`` its penalty."""
         p = problem.program
-        if not isinstance(units, MixerUnits):
-            raise invalid("weights", f"MixerUnits (w1, w2, gate), the units of the token-mixing network, for {p.label}",
-                          type(units).__name__)
-        w1, w2, gate = (np.asarray(a) for a in (units.w1, units.w2, units.gate))
-        m = w1.shape[0] if w1.ndim == 2 else -1
-        if w1.shape != (m, p.n) or w2.shape != (m, p.n_out):
-            raise invalid("weights", f"w1, w2 of shapes (m, {p.n}) and (m, {p.n_out}) for {p.label}",
-                          f"{w1.shape} and {w2.shape}")
-        w1, w2 = w1.astype(float), w2.astype(float)
-        if not (np.all(np.isfinite(w1)) and np.all(np.isfinite(w2))):
-            raise invalid("weights", "finite values", "NaN/Inf entries")
-        if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= p.gates)):
-            raise invalid("weights.gate", f"{m} integers in [0, {p.gates}) (one gate of G per unit)",
-                          f"shape {gate.shape}, dtype {gate.dtype}")
-        return MixerReduction.sum_units(w1, w2, gate, p.gates)
+        units = MixerReduction.check_heads(problem, units, "(w1, w2, gate), the units of the token-mixing network,")
+        w1, w2 = checked_weights(p.label, {"w1": units.w1, "w2": units.w2}, [(-1, p.n), (-1, p.n_out)])
+        return MixerReduction.sum_units(w1, w2, checked_gate(units.gate, len(w1), p.gates, "one gate of G per unit"),
+                                        p.gates)
 
     @staticmethod
     def sum_units(w1, w2, gate, gates):
@@ -405,23 +211,19 @@ class MixerReduction(Reduction):
     def predict(X, units, G, pooled, chunk=4096):
         """Outputs of the gated network, float64, by chunks of samples (``X`` may be a memory map):
         (N, n_out d) ordered (o, a), or (N, n_out) mean-pooled over the channels."""
-        N, _, d = X.shape
-        n_out = units.w2.shape[1]
-        out = np.empty((N, n_out) if pooled else (N, n_out * d))
-        for s in range(0, N, chunk):
-            Xc = np.asarray(X[s:s + chunk], dtype=float)
+        def outputs(Xc):
             D = channel_gates(Xc, G)[:, units.gate, :]                          # (r, m, d)
             Y = np.einsum("ija,jo->ioa", np.einsum("jt,ita->ija", units.w1, Xc) * D, units.w2)
-            out[s:s + chunk] = Y.mean(axis=2) if pooled else Y.reshape(len(Xc), -1)
-        return out
+            return Y.mean(axis=2) if pooled else Y.reshape(len(Xc), -1)
+
+        n_out = units.w2.shape[1]
+        return by_chunks(X, outputs, n_out if pooled else n_out * X.shape[2], chunk)
 
     @staticmethod
     def objective(problem, units):
         """``sum_i L(f(X_i), Y_i) + beta/2 sum_j (||w1_j||^2 + ||w2_j||^2)`` with the program's gates."""
         p = problem.program
-        Yhat = MixerReduction.predict(p.X, units, p.G, p.pooled)
-        penalty = 0.5 * problem.beta * float(np.sum(np.square(units.w1)) + np.sum(np.square(units.w2)))
-        return problem.loss.value(Yhat, problem.T) + penalty
+        return weight_decay_objective(problem, MixerReduction.predict(p.X, units, p.G, p.pooled), units, ("w1", "w2"))
 
 
 register("mixer", MixerProgram, MixerReduction, ("squared", "logistic", "cross_entropy"), ("G", "gates", "gate_seed"),

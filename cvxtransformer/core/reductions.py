@@ -29,6 +29,10 @@ Example
 >>> bool(np.array_equal(P.reduction.coefficients(P, heads), Z))
 True
 """
+from dataclasses import fields
+
+import numpy as np
+
 from .errors import invalid
 from .problem import check_problem
 
@@ -69,6 +73,15 @@ class Reduction:
         return form
 
     @classmethod
+    def check_heads(cls, problem, heads, what):
+        """``heads`` if it is this reduction's :attr:`heads` dataclass in a form it recovers, else an error
+        naming the weights; ``what`` says what they are (e.g. ``"(W1, W2), the heads of network (5),"``)."""
+        if not isinstance(heads, cls.heads):
+            raise invalid("weights", f"{cls.heads.__name__} {what} for {problem.program.label}", type(heads).__name__)
+        cls.check_form(heads.form, "weights.form")
+        return heads
+
+    @classmethod
     def apply(cls, network, X, y, loss="squared", beta=1.0, **options):
         """The convex program of ``network`` on data (X, y), built by :func:`make_problem`."""
         from .problem import make_problem
@@ -89,3 +102,68 @@ def nonconvex_objective(problem, weights):
     reduction = check_problem(problem).reduction
     reduction.coefficients(problem, weights)  # checks the weights (their type and shapes) by name
     return reduction.objective(problem, weights)
+
+
+# ---- what the families of heads (or units) with weight decay share (generic: no family is named here)
+
+class Heads:
+    """Base of a reduction's heads dataclass: :attr:`heads` counts the rows of its first field."""
+
+    @property
+    def heads(self):
+        return len(getattr(self, fields(self)[0].name))
+
+
+def checked_weights(label, arrays, shapes):
+    """The weight arrays ``arrays`` (name -> array) as finite float arrays of ``shapes`` (one per array,
+    -1 for the number m of heads, the first axis of the first array); errors name the weights and say
+    which program (``label``) wants them."""
+    names, arrays = list(arrays), [np.asarray(a) for a in arrays.values()]
+    m = arrays[0].shape[0] if arrays[0].ndim == len(shapes[0]) else -1
+    if any(a.shape != tuple(m if k == -1 else k for k in shape) for a, shape in zip(arrays, shapes)):
+        wanted = " and ".join("(" + ", ".join("m" if k == -1 else str(k) for k in shape) + ")" for shape in shapes)
+        raise invalid("weights", f"{', '.join(names)} of shapes {wanted} for {label}",
+                      " and ".join(str(a.shape) for a in arrays))
+    arrays = [a.astype(float) for a in arrays]
+    if not all(np.all(np.isfinite(a)) for a in arrays):
+        raise invalid("weights", "finite values", "NaN/Inf entries")
+    return arrays
+
+
+def checked_gate(gate, m, gates, what, name="weights.gate"):
+    """Each of the m heads' gate as an integer array (m,) of indices in [0, gates); errors name the
+    argument ``name`` (``what``: what a gate indexes, e.g. "one gate of H per head")."""
+    gate = np.asarray(gate)
+    if gate.shape != (m,) or (m and (gate.dtype.kind not in "iu" or gate.min() < 0 or gate.max() >= gates)):
+        raise invalid(name, f"{m} integers in [0, {gates}) ({what})", f"shape {gate.shape}, dtype {gate.dtype}")
+    return gate
+
+
+def weight_decay_objective(problem, Yhat, heads, names):
+    """``sum_i L(Yhat_i, Y_i) + beta/2 sum_k ||heads.k||^2`` over the weights ``names`` of ``heads``
+    (balanced form): a network's objective from its outputs."""
+    Reduction.check_form(heads.form, "weights.form")
+    penalty = 0.5 * problem.beta * float(sum(np.sum(np.square(getattr(heads, k))) for k in names))
+    return problem.loss.value(Yhat, problem.T) + penalty
+
+
+def by_chunks(X, outputs, width, chunk):
+    """``outputs(Xc)`` of every chunk ``Xc`` of ``chunk`` samples of X (float64; a memory map is read
+    chunk by chunk), stacked: (N, width)."""
+    out = np.empty((len(X), width))
+    for s in range(0, len(X), chunk):
+        out[s:s + chunk] = outputs(np.asarray(X[s:s + chunk], dtype=float))
+    return out
+
+
+def gated_models(module, gated, relu, note):
+    """compare's models (:attr:`Reduction.models`) of a family of heads on fixed gates: the gated network,
+    bounded by the program (its heads placed by the ranks of the gates), and the same heads with a real
+    ReLU, whose gates move with the weights (not bounded; ``note`` says what its comparison means).
+    ``gated``, ``relu``: (model name, equation, builder, network class), both in ``module``."""
+    def row(name, equation, build, network, **more):
+        return {name: dict(equation=equation, build=f"{module}:{build}", network=f"{module}:{network}", default=True,
+                           **more)}
+
+    return {**row(*gated, heads="per_gate_ranks", colour="tab:blue"),
+            **row(*relu, heads="around_rank", bounded=False, colour="tab:brown", note=note)}

@@ -7,8 +7,15 @@ register themselves (:func:`register`) where their reductions are defined; the r
 those modules, listed by name in :data:`MODULES`, on the first lookup. So ``make_problem`` has no
 branch per program and imports no reduction, and a new family is a module that calls
 :func:`register`, named in :data:`MODULES`. :func:`register` checks the program class, its
-regulariser and the reduction against the contract (:mod:`.contracts`): a missing face is an error
-at registration that names it.
+regulariser, the reduction and the torch operator against the contract (:mod:`.contracts`): a missing
+face is an error at registration that names it.
+
+A family in a user's installed package reaches everything, the command line included, through an
+entry point of the group :data:`ENTRY_POINTS` (``cvxtransformer.families``): each is a callable that
+registers families (``[project.entry-points."cvxtransformer.families"]`` ``mine = "mypkg.family:register"``;
+name it after the family it registers, as the command line's help lists it by that name). The registry
+calls them once, after the built-in modules, on the first lookup; one that fails is one line on stderr
+naming it (:data:`ENTRY_POINT_ERRORS`), and the other families are registered as usual.
 
 Example
 -------
@@ -16,9 +23,10 @@ Example
 ('LinearMHSAReduction', ('U1', 'U2', 'gates', 'gate_seed'))
 """
 import importlib
+import sys
 from dataclasses import dataclass
 
-from .contracts import PROGRAM_FACES, REDUCTION_FACES, REGULARIZER_FACES, check_faces
+from .contracts import PROGRAM_FACES, REDUCTION_FACES, REGULARIZER_FACES, check_faces, check_operator
 from .errors import invalid
 
 # importing each module registers the built-in families it names; the names and a line on each are listed
@@ -36,7 +44,10 @@ MODULES = {
 }
 # the options of make_problem that every family may take (besides its gate arrays)
 SHARED_OPTIONS = ("gates", "gate_seed")
+ENTRY_POINTS = "cvxtransformer.families"  # the entry-point group of the families of installed packages
+ENTRY_POINT_ERRORS = {}  # "name = module:callable" -> the line said when calling it failed
 _FAMILIES = {}
+_ENTRY_POINTS_CALLED = []  # [True] once the entry points were called
 
 
 @dataclass(frozen=True)
@@ -97,12 +108,16 @@ def estimator_names():
 
 def register(name, program, reduction, losses, options=(), cases=(), estimator=None):
     """Register a family under ``name`` (replacing any family of that name), once its program class,
-    the program's regulariser and the reduction offer every face of the contract (:mod:`.contracts`);
-    otherwise one error names the missing faces. ``estimator``: ``(prefix, title)`` or ``(prefix, title,
+    the program's regulariser, the reduction and the program's torch operator (its ``operator_class``,
+    where it declares one) offer every face of the contract (:mod:`.contracts`); otherwise one error
+    names the missing faces. ``estimator``: ``(prefix, title)`` or ``(prefix, title,
     targets)``, the family's scikit-learn estimators (:class:`Family`)."""
-    check_faces(f"register: program of family {name!r}", program, PROGRAM_FACES)
+    check_faces(f"register: program of family {name!r}", program, {**PROGRAM_FACES, **program.extra_faces})
     check_faces(f"register: regularizer of family {name!r}", program.regularizer_class, REGULARIZER_FACES)
     check_faces(f"register: reduction of family {name!r}", reduction, REDUCTION_FACES)
+    operators = program.operator_class
+    for cls in operators if isinstance(operators, tuple) else () if operators is None else (operators,):
+        check_operator(f"register: operator of family {name!r}", cls, program.regularizer_class, instance=False)
     unknown = [k for k in options if k not in SHARED_OPTIONS and k not in program.gate_array_kinds]
     if unknown:
         raise invalid("options", f"options of make_problem: {', '.join(SHARED_OPTIONS)} or the gate arrays that "
@@ -121,10 +136,39 @@ def register(name, program, reduction, losses, options=(), cases=(), estimator=N
                              estimator)
 
 
+def entry_points():
+    """The entry points of the group :data:`ENTRY_POINTS` of the installed distributions (none is
+    imported), once each."""
+    from importlib.metadata import entry_points as installed
+
+    return list({(ep.name, ep.value): ep for ep in installed(group=ENTRY_POINTS)}.values())
+
+
+def call_entry_points():
+    """Call every entry point of :data:`ENTRY_POINTS` once (the first call does; later ones return at
+    once): each registers its families. One that fails is one line on stderr naming it, kept in
+    :data:`ENTRY_POINT_ERRORS`; the others and the built-in families are registered as usual."""
+    if _ENTRY_POINTS_CALLED:
+        return
+    _ENTRY_POINTS_CALLED.append(True)
+    for ep in entry_points():
+        try:
+            ep.load()()
+        except Exception as exc:  # a user's package: whatever it raises is said in one line
+            what = f"{ep.name} = {ep.value}"
+            reason = (str(exc).strip().splitlines() or [""])[0]
+            ENTRY_POINT_ERRORS[what] = (f"cvxtransformer: the entry point {what!r} ({ENTRY_POINTS}) failed: "
+                                        f"{type(exc).__name__}{': ' + reason if reason else ''}; its families are "
+                                        "not registered")
+            print(ENTRY_POINT_ERRORS[what], file=sys.stderr)
+
+
 def families():
-    """Every registered family, by name (the built-in ones included)."""
+    """Every registered family, by name: the built-in ones (their modules imported) and those of the
+    installed packages' entry points (:func:`call_entry_points`)."""
     for module in MODULES:
         importlib.import_module(module)
+    call_entry_points()
     return dict(_FAMILIES)
 
 
@@ -139,5 +183,6 @@ def family(name):
     except TypeError:  # unhashable
         found = False
     if not found:
-        raise invalid("program", "one of " + ", ".join(map(repr, known)), repr(name))
+        failed = "; ".join(line.split(": ", 1)[1] for line in ENTRY_POINT_ERRORS.values())
+        raise invalid("program", "one of " + ", ".join(map(repr, known)), repr(name), failed or None)
     return known[name]

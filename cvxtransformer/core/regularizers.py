@@ -29,6 +29,7 @@ class Regularizer:
     faces of :data:`~.contracts.REGULARIZER_FACES` (checked when a family using it is registered)."""
 
     name = None
+    block_ndim = None  # the trailing axes of Z that one block spans (read by core.design)
     # the layout in which the torch backend's Gram representation (squared loss) hands it coefficients: "outputs"
     # ((c, |J|, |K|, d): each block within one output, so the Newton model and polish apply too), "canonical"
     # (the operator's (|J|, c, |K|, d): blocks spanning the outputs), or None (no Gram representation)
@@ -55,6 +56,7 @@ class GroupLasso(Regularizer):
     """
 
     name = "group_lasso"
+    block_ndim = 1  # a block (group) spans the last axis of Z
     gram_layout = "outputs"
 
     @staticmethod
@@ -150,6 +152,7 @@ class NuclearNorm(Regularizer):
     """
 
     name = "nuclear_norm"
+    block_ndim = 2  # a block (matrix) spans the last two axes of Z
 
     @numpy_face
     def norm(self, Z):
@@ -325,6 +328,7 @@ class TokenNuclearNorm(NuclearNorm):
 
     name = "token_nuclear_norm"
     gram_layout = "canonical"
+    block_ndim = None  # its blocks (a token's c x d matrix) are no trailing axes of Z
 
     @staticmethod
     def tokens(Z):

@@ -69,6 +69,7 @@ class SolveResult:
     formulation : the CVXPY formulation ("compressed", "factored", "direct"), None when no CVXPY
         problem was solved (the torch backend, or Z = 0 for beta >= beta_max)
     solver_choice : why ``solver="auto"`` took ``solver`` (None when the solver was named)
+    gate_arrays : the program's gate arrays by name (``program.gate_arrays()``; empty without gates)
     """
 
     program: object
@@ -83,9 +84,6 @@ class SolveResult:
     solve_seconds: float
     build_seconds: float = 0.0
     iterations: Optional[int] = None
-    U1: Optional[np.ndarray] = None
-    U2: Optional[np.ndarray] = None
-    H: Optional[np.ndarray] = None
     history: list = field(default_factory=list)
     screened: Optional[np.ndarray] = None
     formulation: Optional[str] = None
@@ -109,14 +107,8 @@ class SolveResult:
         return [asdict(h) for h in self.history]
 
     def save(self, path, **extra):
-        """Write ``Z``, ``V``, ``beta``, the program's gate arrays (``U1``, ``U2`` for program (12), ``H`` for
-        the gated MHSA program, ``G`` for the token-mixing program) and the ``extra`` arrays to ``path``
-        atomically."""
+        """Write ``Z``, ``V``, ``beta``, the program's gate arrays by name (:attr:`gate_arrays`, e.g. those of
+        program (12)) and the ``extra`` arrays to ``path`` atomically."""
         arrays = {"Z": self.Z, "V": self.V, "beta": np.float64(self.beta), "summary": np.array(dumps(self.summary())),
-                  **extra}
-        if self.U1 is not None:
-            arrays.update(U1=self.U1, U2=self.U2)
-        if self.H is not None:
-            arrays.update(H=self.H)
-        arrays.update(self.gate_arrays)
+                  **extra, **self.gate_arrays}
         save_npz(path, **arrays)

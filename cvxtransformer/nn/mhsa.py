@@ -29,13 +29,11 @@ import math
 import numpy as np
 import torch
 
-from ..core.errors import invalid
 from ..core.mhsa import GatedMHSAHeads, GatedMHSAReduction, LinearMHSAReduction, MHSAHeads, attention_masks
-from ..core.validation import check_int
-from .networks import Network, _checked_gate, _tensor
+from .units import GatedUnits, Units
 
 
-class LinearMHSA(Network):
+class LinearMHSA(Units):
     """Linear multi-head self-attention network (5) of Sahiner et al. with ``m`` heads.
 
     ``f(X_i) = sum_j X_i W1j X_i^T X_i W2j`` (n x c_token), at every token (sequence targets,
@@ -46,50 +44,25 @@ class LinearMHSA(Network):
     """
 
     name = "linear_mhsa"
+    weight_names = ("W1", "W2")
 
     def __init__(self, n, d, c, heads, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64, device="cpu"):
-        super().__init__(n, d, c, dtype, device)
-        heads = check_int("heads", heads, 0)
-        self.pooled = bool(pooled)
-        if not self.pooled and c % n:
-            raise invalid("c", f"a multiple of n = {n} for sequence targets", repr(c))
-        self.c_token = c if self.pooled else c // n
+        super().__init__(n, d, c, heads, pooled, ("n", n, "sequence targets"), dtype, device)
+        self.c_token, m = self.per_row, self.m
         rng = np.random.default_rng(seed)
-        W1 = init_scale * rng.standard_normal((heads, d, d)) / d
-        W2 = init_scale * rng.standard_normal((heads, d, self.c_token)) / math.sqrt(d * max(heads, 1))
-        self.W1 = torch.nn.Parameter(_tensor(W1, dtype, device))
-        self.W2 = torch.nn.Parameter(_tensor(W2, dtype, device))
-
-    @property
-    def heads(self):
-        return self.W1.shape[0]
+        self._set_parameters(W1=init_scale * rng.standard_normal((m, d, d)) / d,
+                             W2=init_scale * rng.standard_normal((m, d, self.c_token)) / math.sqrt(d * max(m, 1)))
 
     def forward(self, X):
         G = X.transpose(1, 2) @ X
         out = torch.einsum("ita,jak,ikb,jbc->itc", X, self.W1, G, self.W2)
         return out.mean(dim=1) if self.pooled else out.reshape(X.shape[0], -1)
 
-    def penalty(self, beta):
-        return 0.5 * beta * (torch.sum(self.W1 ** 2) + torch.sum(self.W2 ** 2))
-
-    def arrays(self):
-        return {"W1": self.W1.detach().cpu().numpy().astype(float), "W2": self.W2.detach().cpu().numpy().astype(float)}
+    def weight_shapes(self):
+        return [(self.d, self.d), (self.d, self.c_token)]
 
     def to_weights(self):
-        a = self.arrays()
-        return MHSAHeads(a["W1"], a["W2"])
-
-    @torch.no_grad()
-    def set_weights(self, W1, W2):
-        """Set the heads: ``W1`` (m, d, d), ``W2`` (m, d, c_token)."""
-        W1, W2 = np.asarray(W1, dtype=float), np.asarray(W2, dtype=float)
-        m = W1.shape[0] if W1.ndim == 3 else -1
-        if W1.shape != (m, self.d, self.d) or W2.shape != (m, self.d, self.c_token):
-            raise invalid("W1, W2", f"shapes (m, {self.d}, {self.d}) and (m, {self.d}, {self.c_token})",
-                          f"{W1.shape} and {W2.shape}")
-        self.W1 = torch.nn.Parameter(_tensor(W1, self.dtype, self.device))
-        self.W2 = torch.nn.Parameter(_tensor(W2, self.dtype, self.device))
-        return self
+        return MHSAHeads(**self.arrays())
 
     @classmethod
     def from_weights(cls, heads, n, pooled=False, **kwargs):
@@ -122,7 +95,7 @@ class _ScoredMHSA(LinearMHSA):
         return torch.einsum("ita,jak,isk->itjs", X, self.W1, X)
 
 
-class GatedMHSA(_ScoredMHSA):
+class GatedMHSA(GatedUnits, _ScoredMHSA):
     """Gated-ReLU multi-head self-attention with ``m`` heads, head j on the fixed gate ``gate[j]``.
 
     ``f(X_i) = sum_j (D_g(j)(X_i) * (X_i W1j X_i^T)) X_i W2j`` with ``D_g(X)[t, s] = 1[x_t^T H_g x_s >= 0]``
@@ -133,53 +106,22 @@ class GatedMHSA(_ScoredMHSA):
     """
 
     name = "gated_mhsa"
+    gating = ("H", "gate matrices", GatedMHSAHeads, attention_masks, GatedMHSAReduction.sum_heads)
 
     def __init__(self, n, d, c, heads, H, gate=None, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64,
                  device="cpu"):
         super().__init__(n, d, c, heads, pooled, seed, init_scale, dtype, device)
-        H = np.asarray(H, dtype=float)
-        if H.ndim != 3 or H.shape[1:] != (d, d) or H.shape[0] == 0:
-            raise invalid("H", f"gate matrices of shape (P, {d}, {d}), P >= 1", f"shape {H.shape}")
-        self.H = H
-        self._set_gate(np.arange(self.heads) % H.shape[0] if gate is None else gate)
-
-    def _set_gate(self, gate):
-        self.gate = _checked_gate(gate, self.heads, self.H.shape[0], "gate matrices of H")
-
-    def encode_inputs(self, X):
-        (Xt,) = super().encode_inputs(X)
-        return Xt, attention_masks(Xt, torch.as_tensor(self.H, dtype=self.dtype, device=self.device))
+        self._set_gate_array(H, (d, d), gate)
 
     def forward(self, X, D):
         return self._attend(X, self.scores(X) * D[:, :, self.gate, :])
-
-    @torch.no_grad()
-    def set_weights(self, W1, W2, gate=None):
-        """Set the heads (``W1`` (m, d, d), ``W2`` (m, d, c_token)) and their gates (m,)."""
-        super().set_weights(W1, W2)
-        self._set_gate(np.arange(self.heads) % self.H.shape[0] if gate is None else gate)
-        return self
-
-    def to_weights(self):
-        a = self.arrays()
-        return GatedMHSAHeads(a["W1"], a["W2"], self.gate.copy())
-
-    def arrays(self):
-        return dict(super().arrays(), gate=self.gate.copy())
 
     @classmethod
     def from_weights(cls, heads, H, n, pooled=False, **kwargs):
         """The network of :class:`GatedMHSAHeads` (e.g. recovered from the gated program) on its gates ``H``."""
         m, d, c_token = heads.W2.shape
         c = c_token if pooled else n * c_token
-        return cls(n, d, c, 0, H, pooled=pooled, **kwargs).set_weights(heads.W1, heads.W2, heads.gate)
-
-    @torch.no_grad()
-    def effective_coefficients(self):
-        """The coefficients Z (P, d^2, d c_token) of the gated program that this network implements
-        (:meth:`cvxtransformer.core.mhsa.GatedMHSAReduction.coefficients`)."""
-        a = self.arrays()
-        return GatedMHSAReduction.sum_heads(a["W1"], a["W2"], a["gate"], self.H.shape[0])
+        return cls(n, d, c, 0, H, pooled=pooled, **kwargs).set_weights(heads.W1, heads.W2, gate=heads.gate)
 
 
 class ReluMHSA(_ScoredMHSA):

@@ -12,14 +12,15 @@ Outputs are per channel, ``(N, n_out d)`` ordered (o, a), or mean-pooled over th
 penalty ``beta/2 sum_j (||w1_j||^2 + ||w2_j||^2)``. These modules live here, not in the family's core
 module, because the networks' base class (:class:`~.networks.Network`) is a layer above the core.
 
-Example
--------
+Example: the units recovered from the program's solution make a network that attains the optimum
+
 >>> import numpy as np, cvxtransformer as ct
->>> X = np.random.default_rng(0).standard_normal((20, 4, 3))
->>> P = ct.make_problem(X, X[:, :2, :], program="mixer", beta=1.0, gates=2)
->>> res = ct.solve(P)
+>>> rng = np.random.default_rng(0)
+>>> X = rng.standard_normal((20, 4, 3))
+>>> res = ct.solve(P := ct.make_problem(X, X[:, :2, :], program="mixer", beta=1.0, gates=2))
 >>> net = GatedMixer.from_weights(ct.recover_weights(P, res.Z), P.program.G, d=3)
->>> bool(abs(net.objective(net.encode_inputs(X), P.T, "squared", 1.0).item() - res.certificate.primal_objective) < 1e-8)
+>>> objective = net.objective(net.encode_inputs(X), P.T, "squared", 1.0).item()
+>>> bool(abs(objective - res.certificate.primal_objective) < 1e-8)
 True
 """
 import math
@@ -27,13 +28,11 @@ import math
 import numpy as np
 import torch
 
-from ..core.errors import invalid
 from ..core.mixer import MixerReduction, MixerUnits, channel_gates
-from ..core.validation import check_int
-from .networks import Network, _checked_gate, _tensor
+from .units import GatedUnits, Units
 
 
-class ReluMixer(Network):
+class ReluMixer(Units):
     """The token-mixing MLP with a ReLU and ``m`` hidden units (module docstring).
 
     Parameters
@@ -45,23 +44,15 @@ class ReluMixer(Network):
     """
 
     name = "relu_mixer"
+    weight_names = ("w1", "w2")
 
     def __init__(self, n, d, c, units, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64, device="cpu"):
-        super().__init__(n, d, c, dtype, device)
-        units = check_int("units", units, 0)
-        self.pooled = bool(pooled)
-        if not self.pooled and c % d:
-            raise invalid("c", f"a multiple of d = {d} for per-channel targets", repr(c))
-        self.n_out = c if self.pooled else c // d
+        super().__init__(n, d, c, units, pooled, ("d", d, "per-channel targets"), dtype, device, count="units")
+        self.n_out = self.per_row
         rng = np.random.default_rng(seed)
-        w1 = init_scale * rng.standard_normal((units, n)) / math.sqrt(n)
-        w2 = init_scale * rng.standard_normal((units, self.n_out)) / math.sqrt(max(units, 1))
-        self.w1 = torch.nn.Parameter(_tensor(w1, dtype, device))
-        self.w2 = torch.nn.Parameter(_tensor(w2, dtype, device))
-
-    @property
-    def heads(self):
-        return self.w1.shape[0]
+        w1 = init_scale * rng.standard_normal((self.m, n)) / math.sqrt(n)
+        w2 = init_scale * rng.standard_normal((self.m, self.n_out)) / math.sqrt(max(self.m, 1))
+        self._set_parameters(w1=w1, w2=w2)
 
     def _mix(self, scores):
         """Outputs from the units' gated scores (N, m, d)."""
@@ -75,59 +66,27 @@ class ReluMixer(Network):
     def forward(self, X):
         return self._mix(torch.relu(self.scores(X)))
 
-    def penalty(self, beta):
-        return 0.5 * beta * (torch.sum(self.w1 ** 2) + torch.sum(self.w2 ** 2))
-
-    def arrays(self):
-        return {"w1": self.w1.detach().cpu().numpy().astype(float), "w2": self.w2.detach().cpu().numpy().astype(float)}
+    def weight_shapes(self):
+        return [(self.n,), (self.n_out,)]
 
     def effective_coefficients(self):
         raise TypeError("relu_mixer: no convex program has coefficients for it (its gates move with w1)")
 
 
-class GatedMixer(ReluMixer):
+class GatedMixer(GatedUnits, ReluMixer):
     """The token-mixing MLP with fixed gates: unit j on gate ``gate[j]`` of ``G`` (P, n) (default
     ``j mod P``). The "mixer" program on the same gates is its convex equivalent."""
 
     name = "mixer"
+    gating = ("G", "gate vectors", MixerUnits, channel_gates, MixerReduction.sum_units)
 
-    def __init__(self, n, d, c, units, G, gate=None, pooled=False, seed=0, init_scale=1.0, dtype=torch.float64,
-                 device="cpu"):
-        super().__init__(n, d, c, units, pooled, seed, init_scale, dtype, device)
-        G = np.asarray(G, dtype=float)
-        if G.ndim != 2 or G.shape[1] != n or G.shape[0] == 0:
-            raise invalid("G", f"gate vectors of shape (P, {n}), P >= 1", f"shape {G.shape}")
-        self.G = G
-        self._set_gate(np.arange(self.heads) % G.shape[0] if gate is None else gate)
-
-    def _set_gate(self, gate):
-        self.gate = _checked_gate(gate, self.heads, self.G.shape[0], "gate vectors of G")
-
-    def encode_inputs(self, X):
-        (Xt,) = super().encode_inputs(X)
-        return Xt, channel_gates(Xt, torch.as_tensor(self.G, dtype=self.dtype, device=self.device))
+    def __init__(self, n, d, c, units, G, gate=None, pooled=False, seed=0, **options):
+        """``options``: ``init_scale``, ``dtype``, ``device``, as :class:`ReluMixer`."""
+        super().__init__(n, d, c, units, pooled, seed, **options)
+        self._set_gate_array(G, (n,), gate)
 
     def forward(self, X, D):
         return self._mix(self.scores(X) * D[:, self.gate, :])
-
-    def arrays(self):
-        return dict(super().arrays(), gate=self.gate.copy())
-
-    def to_weights(self):
-        a = self.arrays()
-        return MixerUnits(a["w1"], a["w2"], a["gate"])
-
-    @torch.no_grad()
-    def set_weights(self, w1, w2, gate=None):
-        """Set the units (``w1`` (m, n), ``w2`` (m, n_out)) and their gates (m,)."""
-        w1, w2 = np.asarray(w1, dtype=float), np.asarray(w2, dtype=float)
-        m = w1.shape[0] if w1.ndim == 2 else -1
-        if w1.shape != (m, self.n) or w2.shape != (m, self.n_out):
-            raise invalid("w1, w2", f"shapes (m, {self.n}) and (m, {self.n_out})", f"{w1.shape} and {w2.shape}")
-        self.w1 = torch.nn.Parameter(_tensor(w1, self.dtype, self.device))
-        self.w2 = torch.nn.Parameter(_tensor(w2, self.dtype, self.device))
-        self._set_gate(np.arange(m) % self.G.shape[0] if gate is None else gate)
-        return self
 
     @classmethod
     def from_weights(cls, units, G, d, pooled=False, **kwargs):
@@ -135,14 +94,7 @@ class GatedMixer(ReluMixer):
         on inputs of d channels."""
         n, n_out = units.w1.shape[1], units.w2.shape[1]
         return cls(n, d, n_out if pooled else n_out * d, 0, G, pooled=pooled, **kwargs).set_weights(
-            units.w1, units.w2, units.gate)
-
-    @torch.no_grad()
-    def effective_coefficients(self):
-        """The coefficients Z (P, n_out, n) of the program that this network implements
-        (:meth:`cvxtransformer.core.mixer.MixerReduction.sum_units`)."""
-        a = self.arrays()
-        return MixerReduction.sum_units(a["w1"], a["w2"], a["gate"], self.G.shape[0])
+            units.w1, units.w2, gate=units.gate)
 
 
 # compare's builders (named by MixerReduction.models); per channel or pooled as the program is

@@ -218,7 +218,7 @@ class GateWorkingSet(WholeProblem):
             return self.op.forward(x)
         J = torch.nonzero(torch.linalg.matrix_norm(x) > 0).flatten()
         if len(J) == 0:
-            return torch.zeros(self.op.N, self.op.n_outputs, dtype=F64, device=self.op.device)
+            return torch.zeros(self.op.N, self.problem.program.n_outputs, dtype=F64, device=self.op.device)
         return self.op.forward(x) if len(J) > 0.5 * self.gates else self.op.restrict(J).forward(x.index_select(0, J))
 
     def next(self, chk, x, enabled, p0):
