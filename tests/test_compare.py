@@ -94,8 +94,11 @@ def test_sequence_targets_program_12_defaults_and_text_output(data, capsys):
     assert code == 0
     assert "certified gap" in text and "not covered by the bound" in text
     s = json.loads((out / "compare.json").read_text())
-    assert list(s["models"]) == ["gated", "softmax"] and s["sequence_targets"] is True
-    assert s["models"]["gated"]["heads"] == 2 * (4 * 2) * 4  # default: h * c * n groups
+    # several outputs: the default is network (11) with ordinary weight decay, bounded by 12wd on the same gates,
+    # with as many heads as its optimum needs (the ranks of its token matrices, summed)
+    assert list(s["models"]) == ["gated_wd", "softmax"] and s["sequence_targets"] is True
+    assert s["models"]["gated_wd"]["bounding_program"] == "12wd"
+    assert s["models"]["gated_wd"]["heads"] == max(1, s["convex"]["12wd"]["support_size"])
     assert not (out / "test_loss.png").exists() and (out / "attention.png").exists()
 
 
