@@ -304,13 +304,7 @@ def run_verify(args):
         print("cvxtransformer verify: note: RESULT holds no data fingerprint (written by an older version, or "
               "not by solve --out): it could not be checked that DATA is the data it was solved on", file=sys.stderr)
     else:
-        names = family(args.program).gate_arrays
-        in_data = bool(names) and names[0] in data.gates
-        arrays = {k: data.gates[k] for k in names} if in_data else problem.program.gate_arrays()
-        if _gates_fingerprint(arrays) != fingerprint.get("gates"):
-            raise InvalidInputError(f"RESULT: it was solved with other gates: {', '.join(names) or 'the gates'} "
-                                    f"({'DATA' if in_data else gates}) differ from those of RESULT's fingerprint; "
-                                    "verify against the DATA that RESULT was solved on, or solve again")
+        _check_gates(args, data, problem, fingerprint.get("gates"), gates)
         summary["data_fingerprint"] = "checked: DATA is the data RESULT was solved on (SHA-256 of X, y, gates)"
     if stored is not None:
         summary["result_beta"] = stored
@@ -323,6 +317,31 @@ def run_verify(args):
     summary["status"] = "none (a given Z)"
     _print(args, _with_classes(summary, classes, args.loss))
     return 0 if cert.certified else 1
+
+
+def _check_gates(args, data, problem, recorded, source):
+    """Refuse gates other than those RESULT's fingerprint records (``recorded``: the SHA-256 of the gates
+    the solve used): DATA's, when DATA holds some (verify says DATA is the data RESULT was solved on),
+    and the ones verify certifies with (``source``: RESULT's, DATA's or sampled from --gates and
+    --gate-seed; see :func:`_gates`), whichever they are."""
+    from ..core.errors import InvalidInputError
+
+    names = family(args.program).gate_arrays
+    shown = ", ".join(names) or "the gates"
+    fix = "verify against the DATA and the RESULT that solve --out wrote, or solve again"
+    if names and names[0] in data.gates and _gates_fingerprint({k: data.gates[k] for k in names}) != recorded:
+        raise InvalidInputError(f"RESULT: it was solved with other gates: {shown} (DATA) differ from those of "
+                                f"RESULT's fingerprint; {fix}")
+    if _gates_fingerprint(problem.program.gate_arrays()) == recorded:
+        return
+    if source == "RESULT":
+        raise InvalidInputError(f"RESULT: its gates {shown} are not the ones its fingerprint records (the gates Z "
+                                f"was solved with); {fix}")
+    if source is None:
+        raise InvalidInputError(f"RESULT: its fingerprint records gates, and {problem.program.label} has none; "
+                                "check --program, or solve again")
+    raise InvalidInputError(f"RESULT: it was solved with other gates: {shown} ({source}) differ from those of "
+                            f"RESULT's fingerprint; pass the --gates and --gate-seed of the solve, or {fix}")
 
 
 def _solved_by(res):
