@@ -103,3 +103,72 @@ def test_issue44_gates_from_data_or_sampled_must_be_those_the_fingerprint_record
     assert_one_line_error(code, err, "verify", rf"RESULT: it was solved with other gates: {shown} \(sampled "
                                                r"\(--gates 3 --gate-seed 6\)\) differ .*; pass the --gates and "
                                                r"--gate-seed of the solve")
+
+
+# ----------------------------------------------------------------------------- 6. kill -9 during --out's write
+KILLED_WRITER = """
+import sys, time
+import numpy as np
+from cvxtransformer.cli import main
+from cvxtransformer.core import io as ctio
+if sys.argv[3] == "named":
+    ctio.O_TMPFILE = None                                   # as on a file system without unnamed files
+real = np.savez
+def slow_savez(f, **arrays):
+    real(f, **arrays)
+    f.write(b"0" * 2**20)                                   # a MiB more, then the kill
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(120)
+np.savez = slow_savez
+main(["solve", sys.argv[1], "--program", "10", "--loss", "squared", "--beta-frac", "0.3", "--out", sys.argv[2]])
+"""
+
+
+@pytest.mark.parametrize("kind", ["unnamed", "named"])
+def test_issue44_kill_9_during_the_write_leaves_no_temporary_file(tmp_path, kind):
+    """``kill -9`` while ``solve --out`` writes: the earlier file intact, and no temporary file (an unnamed
+    one, O_TMPFILE); where the file system has no unnamed files, the named one left behind is removed by
+    the next write into that folder (its process is gone), while other names are kept."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from test_shell_edges import _env
+    from test_user_errors import leftovers
+
+    if kind == "unnamed":
+        try:
+            os.close(os.open(tmp_path, getattr(os, "O_TMPFILE", 0) | os.O_WRONLY))
+        except OSError:
+            pytest.skip("the file system of the test's folder has no unnamed files (O_TMPFILE)")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.standard_normal((30, 4, 3)), y=rng.standard_normal((30, 2)))
+    out = tmp_path / "r.npz"
+    out.write_bytes(b"an earlier result")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "d.npz"), str(out), kind],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert proc.stdout.readline().strip() == "writing", proc.stderr.read()[-3000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        proc.kill()
+    assert out.read_bytes() == b"an earlier result"
+    left = leftovers(tmp_path)
+    if kind == "unnamed":
+        assert left == []
+        return
+    assert left == [p.name for p in tmp_path.iterdir() if p.name.startswith(f".r.npz.ct{proc.pid}@")], left
+    host = socket.gethostname()
+    others = [f".r.npz.ct{os.getpid()}@{host}.abc123.tmp",     # a running process's (this one)
+              f".r.npz.ct{proc.pid}@other-{host}.abc123.tmp",  # another host's
+              f"r.npz.ct{proc.pid}@{host}.abc123.tmp"]         # not a hidden temporary name
+    for name in others:
+        (tmp_path / name).write_bytes(b"")
+    code, _, err = cli("solve", tmp_path / "d.npz", "--program", "10", "--loss", "squared", "--beta-frac", "0.3",
+                       "--out", tmp_path / "other.npz")
+    assert code == 0, err
+    assert sorted(leftovers(tmp_path)) == sorted(others) and out.read_bytes() == b"an earlier result"

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -125,23 +124,32 @@ def test_issue33_a_fifo_as_out_without_a_reader_is_refused_not_waited_on(capsys,
     assert time.perf_counter() - t0 < 30 and not leftovers(folder)
 
 
+@pytest.mark.parametrize("moment", ["created", "linked", "created unnamed"])
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
-def test_issue33_a_signal_as_the_temporary_file_appears_leaves_no_tmp(capsys, folder, monkeypatch, sig, code, word):
-    """The signal arrives right after the temporary file is created, before its name is kept: the moment
-    that left .tmp files. It now waits until the name is kept, and the cleanup removes the file."""
-    real = tempfile.mkstemp
+def test_issue33_a_signal_as_the_temporary_file_appears_leaves_no_tmp(capsys, folder, monkeypatch, sig, code, word,
+                                                                      moment):
+    """The signal arrives right after the temporary file is created (a named one: the file system has no
+    unnamed files; or an unnamed one), or right after the unnamed file is linked under a temporary name
+    (issue 44: the target exists), before its name is kept: the moment that left .tmp files. It now waits
+    until the name is kept, and the cleanup removes the file."""
+    if moment == "created":
+        monkeypatch.setattr(ctio, "O_TMPFILE", None)  # the named fallback
+    real = getattr(ctio, "_link" if moment == "linked" else "_temporary")
 
-    def mkstemp_then_signal(*args, **kwargs):
+    def then_signal(*args, **kwargs):
         made = real(*args, **kwargs)
         signal.pthread_kill(threading.main_thread().ident, sig)
         for _ in range(50):  # bytecodes in which an unblocked signal's handler would run
             time.sleep(0.001)
         return made
 
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_signal)
+    monkeypatch.setattr(ctio, "_link" if moment == "linked" else "_temporary", then_signal)
+    if moment == "linked":
+        Path("r.npz").write_bytes(b"an earlier result")
     result = solve(capsys, "d.npz", "--program", "10", "--out", "r.npz")
     assert result[0] == code and result[2].strip() == f"cvxtransformer solve: {word}", result
-    assert not leftovers(folder) and not os.path.exists("r.npz")
+    assert not leftovers(folder) and not [f for f in os.listdir(folder) if f.startswith(".r.npz")]
+    assert Path("r.npz").read_bytes() == b"an earlier result" if moment == "linked" else not os.path.exists("r.npz")
 
 
 def test_issue33_python_api_arguments_get_the_projects_errors():
