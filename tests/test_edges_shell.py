@@ -172,3 +172,151 @@ def test_issue44_kill_9_during_the_write_leaves_no_temporary_file(tmp_path, kind
                        "--out", tmp_path / "other.npz")
     assert code == 0, err
     assert sorted(leftovers(tmp_path)) == sorted(others) and out.read_bytes() == b"an earlier result"
+
+
+# ----------------------------------------------------------------------------- 2. data changed during a run
+def _folder(path, X, y):
+    path.mkdir()
+    np.save(path / "X.npy", X)
+    np.save(path / "y.npy", y)
+    return path
+
+
+@pytest.mark.parametrize("how", ["y rewritten", "X rewritten", "y replaced", "y longer", "npz rewritten"])
+def test_issue44_data_changed_during_solve_is_refused_and_no_result_written(tmp_path, monkeypatch, how):
+    """y.npy rewritten mid-solve: the solve certified the old y while RESULT's fingerprint hashed the new
+    one. The fingerprint is now taken before the rows are read and compared at the end: any change (in
+    place, a new file under the name, another size, a .npz rewritten) is one line naming the file, exit
+    2, and neither RESULT nor a certificate."""
+    import os
+
+    import cvxtransformer.solving
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((40, 4, 3)), rng.standard_normal((40, 2))
+    data = _folder(tmp_path / "data", X, y)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    real = cvxtransformer.solving.solve
+
+    def change(*args, **kwargs):
+        if how == "y rewritten":
+            np.save(data / "y.npy", y + 1.0)                   # in place: the same file, the same size
+        elif how == "X rewritten":
+            np.save(data / "X.npy", 2.0 * X)
+        elif how == "y replaced":
+            np.save(tmp_path / "new.npy", y + 1.0)
+            os.replace(tmp_path / "new.npy", data / "y.npy")   # another file under the name
+        elif how == "y longer":
+            np.save(data / "y.npy", np.vstack([y, y]))
+        else:
+            np.savez(tmp_path / "d.npz", X=X, y=y + 1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cvxtransformer.solving, "solve", change)
+    source = tmp_path / "d.npz" if how == "npz rewritten" else data
+    out = tmp_path / "r.npz"
+    code, stdout, err = cli("solve", source, "--program", "10", "--loss", "squared", "--beta-frac", "0.3",
+                            "--solver", "fista", "--out", out)
+    name = "d.npz" if how == "npz rewritten" else f"data/{how[0]}.npy"
+    match = (rf"DATA: '.*{name}' changed during the run \(its SHA-256 when read and now differ\)"
+             if how in ("y rewritten", "X rewritten") else rf"DATA: '.*{name}' was replaced or rewritten during the run")
+    if how == "X rewritten":  # the memory map's own check, at certify, comes first
+        match = r"X: expected the memory-mapped data the problem was built on, got a file whose content changed"
+    assert_one_line_error(code, err, "solve", match)
+    assert stdout == "" and not out.exists() and "CERTIFIED" not in err
+    monkeypatch.setattr(cvxtransformer.solving, "solve", real)
+    if how == "y longer":
+        np.save(data / "y.npy", y + 1.0)
+    assert cli("solve", source, "--program", "10", "--loss", "squared", "--beta-frac", "0.3", "--solver", "fista",
+               "--out", out)[0] == 0                          # unchanged data: RESULT written
+    assert cli("verify", source, out, "--program", "10", "--loss", "squared", "--beta-frac", "0.3")[0] == 0
+
+
+def test_issue44_data_changed_during_verify_is_refused(tmp_path, monkeypatch):
+    """verify checks the fingerprint before the rows are read, and again after the certificate."""
+    import cvxtransformer.verify
+
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((40, 4, 3)), rng.standard_normal((40, 2))
+    data = _folder(tmp_path / "data", X, y)
+    args = ["--program", "10", "--loss", "squared", "--beta-frac", "0.3"]
+    assert cli("solve", data, *args, "--solver", "fista", "--out", tmp_path / "r.npz")[0] == 0
+    real = cvxtransformer.verify.certify
+
+    def change(*a, **k):
+        np.save(data / "y.npy", y + 1.0)
+        return real(*a, **k)
+
+    monkeypatch.setattr(cvxtransformer.verify, "certify", change)
+    code, out, err = cli("verify", data, tmp_path / "r.npz", *args)
+    assert_one_line_error(code, err, "verify", r"DATA: y changed during the run \(its SHA-256 is no longer the one "
+                                               r"RESULT records, which DATA had when the run started\); nothing of the "
+                                               r"run is kept")
+    assert out == ""
+
+
+def _solve_changing_shard_1(rank, argv, path, y):
+    import cvxtransformer.solving
+
+    real = cvxtransformer.solving.solve
+
+    def change(*a, **k):
+        if rank == 1:
+            np.save(path, y + 1.0)
+        return real(*a, **k)
+
+    cvxtransformer.solving.solve = change
+    return dict(zip(("code", "stdout", "stderr"), cli(*argv)))
+
+
+@pytest.mark.slow
+def test_issue44_data_changed_on_one_process_of_a_distributed_solve_is_refused_on_all(tmp_path):
+    from test_data_integrity import write_shards
+    from test_distributed import launch
+
+    rng = np.random.default_rng(2)
+    X, y = rng.standard_normal((40, 4, 3)), rng.standard_normal((40, 2))
+    data = write_shards(tmp_path / "data", X, y, 2)
+    out = tmp_path / "r.npz"
+    argv = ["solve", data, "--program", "10", "--loss", "squared", "--beta-frac", "0.3", "--solver", "fista",
+            "--no-refine", "--distributed", "--out", out]
+    results, codes, _ = launch(tmp_path, 2, _solve_changing_shard_1, argv, data / "s1" / "y.npy", y[20:],
+                               timeout=30, join=180)
+    assert codes == [0, 0] and [results[r]["code"] for r in (0, 1)] == [2, 2], results
+    assert_one_line_error(2, results[0]["stderr"], "solve", r"DATA: '.*data/s1/y\.npy' changed during the run "
+                                                            r".* \(on rank 1\)$")
+    assert results[1]["stderr"] == "" and not out.exists()
+
+
+@pytest.mark.slow
+def test_issue44_a_memory_mapped_x_made_shorter_mid_solve_is_one_line_naming_it(tmp_path):
+    """X.npy of a DATA folder truncated during a fista solve: the process dies of SIGBUS (Python cannot
+    catch it), which used to print nothing of ours (exit 135, the shell's "Bus error"). A watcher process
+    now says which file changed size, in one line; nothing is written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_shell_edges import _env
+    from test_user_errors import leftovers
+
+    rng = np.random.default_rng(0)
+    N = 20000  # 20 MB of X: the solve runs for seconds (tol 1e-15), the truncation comes after its first line
+    data = _folder(tmp_path / "data", rng.standard_normal((N, 8, 16)), np.where(rng.standard_normal(N) > 0, 1, -1))
+    out = tmp_path / "r.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "cvxtransformer", "solve", str(data), "--program", "12", "--loss",
+                             "logistic", "--beta-frac", "0.01", "--solver", "fista", "--tol", "1e-15", "--max-iter",
+                             "100000000", "--time-limit", "120", "--progress", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("fista"), first + proc.stderr.read()[-2000:]
+        os.truncate(data / "X.npy", 128 + 100 * 8 * 16 * 8)    # 100 rows left
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGBUS, err[-2000:]
+    assert_one_line_error(2, err, "solve", rf"DATA: '{data / 'X.npy'}' changed size during the run \({N * 1024 + 128} "
+                                           r"bytes when read, 102528 now\): the process was stopped by SIGBUS")
+    assert not out.exists() and not leftovers(tmp_path)

@@ -125,6 +125,7 @@ def _stdout_closed():
 
 
 def main(argv=None):
+    from_argv = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
@@ -143,11 +144,13 @@ def main(argv=None):
                                            f"torch and the solvers takes about {START_BYTES // 2**20} MiB")
     try:
         from ..core.errors import CvxTransformerError
-        from ..core.io import reading_inputs
+        from ..core.io import reading_inputs, report_bus_errors
     except (ImportError, OSError, MemoryError) as exc:  # numpy cannot load: only memory is worth a line
         if not _short_of_memory(exc):
             raise
         return _cannot_start(args.command, exc)
+    if from_argv:  # the process is this command (not a caller's main([...])): its fatal bus errors get a line
+        report_bus_errors(f"cvxtransformer {args.command}")
     try:
         with reading_inputs(), _sigterm_raises():
             code = args.run(args)

@@ -143,8 +143,10 @@ def run_solve(args):
     if args.distributed:
         return _run_distributed(args, options)
     data = open_data(args.data)  # headers only (a .npz is loaded): then --out is checked against the inputs
+    pieces = None
     if args.out is not None:
         check_output_file(args.out, "--out")
+        pieces = data.fingerprint()  # RESULT's, taken before the rows are read; compared again at the end
     X, y = data.rows()
     y, classes = encode_labels(y, args.loss)
     problem = make_problem_from(args, X, y, **data.gates)
@@ -153,7 +155,8 @@ def run_solve(args):
                    refine=refine,
                    refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
     if args.out is not None:
-        result.save(args.out, fingerprint=_fingerprint(data, data.fingerprint(), problem),
+        data.check_unchanged(pieces)  # the data solved is the data the fingerprint names
+        result.save(args.out, fingerprint=_fingerprint(data, pieces, problem),
                     **({} if classes is None else {"classes": classes}))
     _print(args, _with_classes(result.summary(), classes, args.loss), args.out)
     return 0 if result.certified else 1
@@ -222,6 +225,7 @@ def _solve_distributed(args, options, rank):
     from cvxtransformer.solvers import distributed
 
     from ..core.data import open_data
+    from ..core.errors import InvalidInputError
     from ..core.io import check_output_file
     from ..solving import solve
 
@@ -236,6 +240,10 @@ def _solve_distributed(args, options, rank):
             local.classes = max_label + 1  # the classes of every shard
         return make_problem_from(local, X, y, **data.gates)
 
+    writes = [bool(args.out)]  # whether rank 0 writes RESULT (--out is its own)
+    distributed.collective(dist.broadcast_object_list, writes, src=0)
+    # each process's rows of DATA, fingerprinted before that process reads them, and again at the end
+    mine = data.fingerprint(*data.split(dist.get_world_size(), rank)) if writes[0] else []
     problem = distributed.shard_data(data, build)
     if args.beta_frac is not None:
         problem = problem.with_beta_frac(args.beta_frac)
@@ -243,15 +251,24 @@ def _solve_distributed(args, options, rank):
                    refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
     V = problem.program.shards.gather_rows(result.V)
     shards = problem.program.shards
-    writes, pieces = [bool(args.out)], [None] * shards.size  # whether rank 0 writes RESULT (--out is its own)
-    distributed.collective(dist.broadcast_object_list, writes, src=0)
-    # each process's rows of DATA, fingerprinted as that process read them
-    distributed.collective(dist.all_gather_object, pieces, data.fingerprint(shards.start, shards.stop) if writes[0]
-                           else [])
+    changed = None
+    if writes[0]:
+        try:
+            data.check_unchanged(mine)
+        except InvalidInputError as exc:
+            changed = str(exc)
+    pieces = [None] * shards.size
+    distributed.collective(dist.all_gather_object, pieces, (mine, changed))
+    for r, (_, why) in enumerate(pieces):
+        if why is not None:  # raised alike on every process (printed once, by rank 0)
+            exc = InvalidInputError(f"{why} (on rank {r})")
+            exc.every_process = True
+            raise exc
+    pieces = [piece for mine, _ in pieces for piece in mine]
     if rank == 0:
         result = dataclasses.replace(result, V=V)
         if args.out is not None:
-            result.save(args.out, fingerprint=_fingerprint(data, [p for mine in pieces for p in mine], problem))
+            result.save(args.out, fingerprint=_fingerprint(data, pieces, problem))
         _print(args, dict(result.summary(), processes=dist.get_world_size()), args.out)
     return 0 if result.certified else 1
 
@@ -313,6 +330,10 @@ def run_verify(args):
                   f"beta = {problem.beta:.10g} (from --beta/--beta-frac)", file=sys.stderr)
     cert = certify(problem, Z, V=V, tol=args.tol, refine=not args.no_refine, refine_time=args.refine_time,
                    atol=args.atol)
+    if fingerprint is not None:  # DATA is still the data RESULT was solved on: it did not change under the run
+        data.check_unchanged()
+        if not data.in_memory:
+            data.check_fingerprint(fingerprint, during_run=True)
     summary.update(cert.to_dict())
     summary["status"] = "none (a given Z)"
     _print(args, _with_classes(summary, classes, args.loss))

@@ -277,6 +277,69 @@ def _remove(tmp):
             os.unlink(tmp)
 
 
+# ----------------------------------------------------------------------------- bus errors
+# A memory-mapped file made shorter while it is mapped (DATA's X.npy rewritten to another size during
+# a run) stops the process with SIGBUS as soon as a page past its new end is read: in numpy's, torch's
+# or BLAS's native code, in any thread. Python cannot catch it (a handler that returns re-runs the
+# faulting read), so the command line, run as a program, has faulthandler write the fatal error into a
+# pipe read by a small watcher process, which turns a bus error into one line naming the file.
+_BUS = {}  # "prefix": the command's name for the line (report_bus_errors); "watcher": the process
+
+BUS_WATCHER = r"""
+import json, os, sys
+prefix, files = sys.argv[1], json.loads(sys.argv[2])
+text = sys.stdin.buffer.read().decode("utf-8", "replace")  # faulthandler's report, or nothing (EOF: no fault)
+if not text:
+    sys.exit(0)
+if "Bus error" not in text.splitlines()[0]:
+    sys.stderr.write(text)  # another fatal error: faulthandler's report as it is
+    sys.exit(0)
+def size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+changed = [(path, was, size(path)) for path, was in files if size(path) != was]
+what = ("; ".join(f"{path!r} changed size during the run ({was} bytes when read, "
+                  + ("now gone" if now is None else f"{now} now") + ")" for path, was, now in changed)
+        if changed else "a memory-mapped file of " + ", ".join(repr(p) for p, _ in files) + " could not be read")
+sys.stderr.write(f"{prefix}: error: DATA: {what}: the process was stopped by SIGBUS (a bus error) reading its memory "
+                 "map, and wrote nothing; do not rewrite DATA while a command reads it, and run it again\n")
+"""
+
+
+def report_bus_errors(prefix):
+    """From now on (a command run as a program: the command line's ``main``), a memory map of DATA
+    (:func:`watch_memory_maps`) that stops the process with SIGBUS is reported in one line on stderr,
+    ``<prefix>: error: DATA: 'X.npy' changed size during the run ...`` (exit status 135 still: the
+    process is killed by the signal)."""
+    _BUS["prefix"] = prefix
+
+
+def watch_memory_maps(paths):
+    """Note the memory-mapped files of DATA (``paths``) for :func:`report_bus_errors`: the first call
+    in a process that reports bus errors starts the watcher (a Python without site packages, a few
+    ms) and points :mod:`faulthandler` at its pipe. Nothing otherwise (the Python API, tests)."""
+    import faulthandler
+    import subprocess
+    import sys
+
+    if "prefix" not in _BUS or "watcher" in _BUS:
+        return
+    files = [(os.fspath(p), os.stat(p).st_size) for p in paths]  # named as given (the watcher shares our folder)
+    read, write = os.pipe()  # not inherited: only this process holds the writing end
+    try:
+        _BUS["watcher"] = subprocess.Popen([sys.executable, "-S", "-E", "-c", BUS_WATCHER, _BUS["prefix"],
+                                            json.dumps(files)], stdin=read, stdout=subprocess.DEVNULL)
+    except OSError:  # no process to spare: the default (the shell's "Bus error")
+        os.close(write)
+        return
+    finally:
+        os.close(read)
+    faulthandler.enable(file=write, all_threads=False)
+    _BUS["fd"] = write
+
+
 def save_npz(path, **arrays):
     """``np.savez`` atomically (no ``.npz`` is appended to ``path``)."""
     with atomic_open(path) as f:
