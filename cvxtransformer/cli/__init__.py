@@ -155,7 +155,7 @@ def main(argv=None):
         with reading_inputs(), _sigterm_raises():
             code = args.run(args)
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
-        return code
+        return _leave(code) if from_argv else code  # a solver abandoned at its time limit may still run
     except CvxTransformerError as exc:
         print(f"cvxtransformer {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -216,8 +216,9 @@ def _cannot_start(command, exc):
 
 def _leave(code):
     """``code``, or an exit at once with it when a native solver still runs in its thread (an
-    interrupted Clarabel or SCS solve, solvers/cvxpy_solvers.py ``interruptible``): the interpreter's
-    shutdown would run under it (and crash in it). Every file was cleaned up on the way here."""
+    interrupted Clarabel or SCS solve, or one abandoned at its time limit: solvers/cvxpy_solvers.py
+    ``interruptible``): the interpreter's shutdown would run under it (and crash in it). Every file was
+    cleaned up on the way here."""
     if any(t.name == "cvxpy-solve" and t.is_alive() for t in threading.enumerate()):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
