@@ -134,7 +134,8 @@ class CVXPYSolver(Solver):
                          f"{self.name} on the CVXPY {form} of {label} ({cvxpy_coefficients(problem, formulation):.2g} "
                          "coefficients), which would take about",
                          "use solver='fista' (--solver fista" + (" --form primal" if form != "primal" else "")
-                         + "), the torch backend, which never forms it")
+                         + "), the torch backend, which never forms it"
+                         + (", or fewer gates (--gates)" if problem.program.gate_arrays() else ""))
         t0 = time.perf_counter()
         limit = options.pop("time_limit", None)
         deadline = None if limit is None else t0 + limit

@@ -405,3 +405,89 @@ def test_issue44_the_reported_time_limit_case_ends_within_its_margin(tmp_path, s
     summary = json.loads(out)
     assert code == 1 and summary["status"].startswith("time_limit reached") and not summary["certified"], err
     assert seconds < limit + GRACE + 3.0, (seconds, summary["status"])   # (loading the data, one certificate)
+
+
+# ----------------------------------------------------------------------------- 3. the memory of the gates
+MEMORY_CASES = {"12": (30, 2), "gated_mhsa": (30, 4, 2), "mixer": (30, 2, 3)}  # y's shape (per output / token / channel)
+
+
+@pytest.mark.parametrize("program", sorted(MEMORY_CASES))
+def test_issue44_ten_million_gates_at_n_40_are_refused_at_once(tmp_path, program):
+    """``solve d.npz --program mixer --gates 10000000`` with N = 40 was killed by the kernel at 23.5 GB (the
+    estimate left out the masks and gated designs, which grow with N). Refused in one line naming --gates
+    and the count that fits, before any gate is sampled; nothing written."""
+    import time
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.standard_normal((40, 4, 3)), y=rng.standard_normal((40,) + MEMORY_CASES[program][1:]))
+    t0 = time.perf_counter()
+    code, out, err = cli("solve", tmp_path / "d.npz", "--program", program, "--loss", "squared", "--beta-frac", "0.3",
+                         "--gates", "10000000", "--out", tmp_path / "r.npz")
+    assert_one_line_error(code, err, "solve", r"gates: expected what fits in memory \(.* available\), got 10000000 "
+                                              r"gates, whose masks, gated designs and coefficients take about .*; use "
+                                              r"fewer gates \(--gates\); about \d+ would fit$")
+    assert time.perf_counter() - t0 < 5 and out == "" and not (tmp_path / "r.npz").exists()
+
+
+@pytest.fixture
+def room(monkeypatch):
+    """As if this process could allocate only ``bytes`` more."""
+    from cvxtransformer.core import validation
+
+    def set_room(nbytes):
+        monkeypatch.setattr(validation, "available_bytes", lambda: float(nbytes))
+    return set_room
+
+
+@pytest.mark.parametrize("program", sorted(MEMORY_CASES))
+def test_issue44_the_count_that_fits_runs_and_given_gate_arrays_are_counted_too(tmp_path, room, program):
+    """With 40 MiB to spare: 10,000 gates are refused, the count the line says fits runs (a real solve,
+    certified or not), and gate arrays given in DATA (as many rows) are refused by their name."""
+    from cvxtransformer.core.registry import family
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((30, 4, 3)), rng.standard_normal(MEMORY_CASES[program])
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    args = ["--program", program, "--loss", "squared", "--beta-frac", "0.3", "--solver", "fista", "--max-iter", "50",
+            "--no-refine"]
+    room(40 * 2**20)
+    code, _, err = cli("solve", tmp_path / "d.npz", *args, "--gates", "10000")
+    assert_one_line_error(code, err, "solve", r"gates: expected what fits in memory \(40\.0 MiB available\), got 10000 "
+                                              r"gates, .*; use fewer gates \(--gates\); about (\d+) would fit$")
+    fits = int(re.search(r"about (\d+) would fit", err).group(1))
+    per_gate = family(program).program.gate_bytes(X, y, y.reshape(30, -1))
+    assert fits == 40 * 2**20 // per_gate and 0 < fits < 10000
+    code, out, err = cli("solve", tmp_path / "d.npz", *args, "--gates", fits, "--json")
+    assert code in (0, 1) and json.loads(out)["support_size"] >= 0, err
+    names = family(program).gate_arrays
+    shapes = {"U1": (10000, 4), "U2": (10000, 3), "H": (10000, 3, 3), "G": (10000, 4)}
+    np.savez(tmp_path / "gated.npz", X=X, y=y, **{k: rng.standard_normal(shapes[k]) for k in names})
+    kind = family(program).program.gate_array_kinds[names[0]]
+    code, _, err = cli("solve", tmp_path / "gated.npz", *args)
+    assert_one_line_error(code, err, "solve", rf"{names[0]}: expected what fits in memory \(40\.0 MiB available\), got "
+                                              rf"10000 {kind}, .*; pass fewer {kind} \({names[0]}\); about {fits} would "
+                                              "fit$")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", sorted(MEMORY_CASES))
+def test_issue44_gates_under_an_address_space_limit_are_refused_with_the_count_that_fits(tmp_path, program):
+    """``ulimit -v`` (RLIMIT_AS) counts: under 4 GiB of address space, a million gates at N = 40 are refused in one
+    line that names the room left under the limit."""
+    import subprocess
+    import sys
+
+    from test_shell_edges import _env
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.standard_normal((40, 4, 3)), y=rng.standard_normal((40,) + MEMORY_CASES[program][1:]))
+    argv = [sys.executable, "-m", "cvxtransformer", "solve", str(tmp_path / "d.npz"), "--program", program,
+            "--loss", "squared", "--beta-frac", "0.3", "--gates", "1000000"]
+    limit = 4 * 2**30
+    out = subprocess.run(["bash", "-c", f"ulimit -v {limit // 1024} && exec \"$@\"", "bash", *argv],
+                         capture_output=True, text=True, timeout=300, env=_env())
+    assert_one_line_error(out.returncode, out.stderr, "solve", r"gates: expected what fits in memory \((\d+\.\d) "
+                                                               r"(MiB|GiB) available\), got 1000000 gates, .*; about "
+                                                               r"\d+ would fit$")
+    available = re.search(r"\((\d+\.\d) (MiB|GiB) available", out.stderr)
+    assert float(available.group(1)) * 2 ** (20 if available.group(2) == "MiB" else 30) < limit

@@ -83,19 +83,21 @@ def test_issue33_an_empty_out_or_one_ending_in_a_separator_is_refused(capsys, fo
     assert sorted(os.listdir(folder)) == before and stdout == ""
 
 
-@pytest.mark.parametrize("program", ["12", "gated_mhsa"])
+@pytest.mark.parametrize("program", ["12", "gated_mhsa", "mixer"])
 def test_issue33_a_billion_gates_are_refused_before_they_are_sampled(capsys, folder, program):
+    from cvxtransformer.core.registry import family
+    from cvxtransformer.core.validation import format_bytes
+
     t0 = time.perf_counter()
     code, out, err = solve(capsys, "d.npz", "--program", program, "--gates", "1000000000")
     assert_one_line_error(code, err, "solve", r"gates: expected what fits in memory \(.* available\), got 1000000000 "
-                                              r"gates, whose arrays, masks and coefficients take about .*; use fewer "
-                                              r"gates \(--gates\); about \d+ would fit")
+                                              r"gates, whose masks, gated designs and coefficients take about .*; use "
+                                              r"fewer gates \(--gates\); about \d+ would fit")
     assert time.perf_counter() - t0 < 5
-    # the estimate is what the text says: per gate, u1, u2, the mask column and 4 copies of Z's slice (program 12)
-    n, d, N, c = 4, 3, 30, 1
-    gib = float(err.split("take about ")[1].split(" GiB")[0])
-    per_gate = 8 * (n + d + N + 4 * c * n * d) if program == "12" else 8 * (d * d + 4 * d ** 3 * c)
-    assert gib == pytest.approx(1e9 * per_gate / 2**30, rel=1e-3)
+    # the estimate is what the text says: the program's own count per gate (issue 44: what grows with N included)
+    data = np.load("d.npz")
+    per_gate = family(program).program.gate_bytes(data["X"], data["y"], data["y"].reshape(30, 1))
+    assert f"take about {format_bytes(1e9 * per_gate)};" in err
 
 
 @pytest.mark.parametrize("role", ["DATA", "RESULT", "shard"])
