@@ -111,7 +111,9 @@ def configure_solve(p):
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines (by default a line on stderr when a solve runs past 5 s, then every 30 s)")
     p.add_argument("--max-iter", type=positive_int, default=None, help="iteration budget of the solver")
-    p.add_argument("--time-limit", type=positive_float, default=None, help="time budget of the solver, seconds")
+    p.add_argument("--time-limit", type=positive_float, default=None,
+                   help="time budget of the solver, seconds (clarabel and scs: CVXPY's compilation included; a "
+                        "solver started is given 1 s more to stop; the certificate's refinement has --refine-time)")
     _refine_arguments(p)
     t = p.add_argument_group("torch backend (--solver fista only)")
     t.add_argument("--device", default=None, help="cpu or cuda (default cpu)")
