@@ -195,7 +195,7 @@ class CVXPYSolver(Solver):
         notes = sorted({str(w.message).split("\n")[0].strip() for w in caught})
         if notes:
             status = f"{status} ({'; '.join(notes)})"
-        if deadline is not None and t2 >= deadline:
+        if deadline is not None and t2 >= deadline and built.problem.status != cp.OPTIMAL:
             status = f"time_limit reached: {status}"
         return BackendOutput(Z=Z, V=V, status=status, build_seconds=t1 - t0, solve_seconds=t2 - t1,
                              iterations=getattr(built.problem.solver_stats, "num_iters", None),
