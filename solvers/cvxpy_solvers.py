@@ -78,7 +78,9 @@ GRACE = 1.0  # seconds past time_limit that a CVXPY solve is waited for (its sol
 
 class CVXPYSolver(Solver):
     """A conic solver called through CVXPY; ``formulation``, ``nuclear_form``, ``max_iter``, ``time_limit``
-    and the solver's own settings (by their CVXPY names) are options."""
+    and the solver's own settings (by their CVXPY names) are options. ``time_limit`` bounds the whole
+    solve: the build, CVXPY's compilation and the solver (given the time left), which is waited for
+    :data:`GRACE` more; past it there is no solution (``Z=None``, the status says where the time went)."""
 
     forms = ("primal", "dual")
     requires = CVXPY_BUILDERS
