@@ -706,13 +706,13 @@ class GatedMHSAProgram(LinearMHSAProgram):
     def gate_bytes(cls, X, y, T):
         """Per gate (measured against peaks in docs/benchmark_gate_memory.md): per chunk of samples (at
         most 256 with many gates) the masks (n x n: the scores, booleans, float64), the queries
-        ``x_t^T H_g`` (n d) and the products with Z and their reordered copies (4 n d c); the recovered
-        heads' evaluation (``GatedMHSAReduction.predict``, chunks of 1,024 samples: the masks of every
-        gate, then one head's gathered masks and scores, 41 n^2 bytes a sample); H_g and Z's slice
-        (d^2 x dc) with 7 copies."""
+        ``x_t^T H_g`` and a copy (2 n d) and the products with Z and their reordered copies (4 n d c);
+        the recovered heads' evaluation (``GatedMHSAReduction.predict``, chunks of 1,024 samples: the
+        queries and masks of every gate, then one head's gathered masks and scores, 8 n d + 41 n^2
+        bytes a sample); H_g and Z's slice (d^2 x dc) with 7 copies."""
         N, n, d = X.shape
         c = y.shape[2] if y.ndim == 3 else T.shape[1]
-        return (min(N, 256) * (17 * n * n + 8 * n * d + 32 * n * d * c) + 41 * n * n * min(N, 1024)
+        return (min(N, 256) * (17 * n * n + 16 * n * d + 32 * n * d * c) + min(N, 1024) * (8 * n * d + 41 * n * n)
                 + 8 * (d * d + 8 * d ** 3 * c))
 
     def __init__(self, X, c, pooled, H):
