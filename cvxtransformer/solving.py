@@ -143,6 +143,8 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
             extra = {} if atol is None or backend.name != "fista" else {"atol": atol}  # the torch backend's stop
             out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **extra, **options)
         Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
+        if Z is None:  # the backend's time limit came before any solution: Z = 0 is certified, nothing refined
+            Z, refine = problem.zeros(), False
         times, screened, formulation = (out.build_seconds, out.solve_seconds), out.screened, out.formulation
         if screen and screened is None:
             Z, screened = screen_solution(problem, Z, V)

@@ -7,6 +7,7 @@ the size of its coefficients, whatever N), and the one used is recorded in the r
 imported when one of them validates or solves a problem, not with this module (a torch solve never
 imports it).
 """
+import ctypes
 import signal
 import threading
 import time
@@ -22,13 +23,29 @@ from .base import Solver
 NUCLEAR_FORMS = ("auto", "joint", "rows")  # the option nuclear_form (NuclearNorm.cvxpy_penalty)
 
 
-def interruptible(call, poll=0.05):
+class TimeLimitReached(Exception):
+    """Raised by :func:`interruptible` when its ``timeout`` passes before the call returns."""
+
+
+class _Abandoned(BaseException):
+    """Raised inside a call that :func:`interruptible` stopped waiting for (its timeout passed): it ends
+    the call's Python code at its next bytecode (a native solver runs on until it returns)."""
+
+
+def interruptible(call, poll=0.05, timeout=None):
     """``call()`` run in a daemon thread while the main thread waits for it, so that Ctrl-C and SIGTERM
     are acted on at once: Python runs its signal handlers in the main thread only, between bytecodes,
     and a native solver (Clarabel, SCS: they release the GIL) would otherwise hold the main thread
     until it returns. SCS installs its own Ctrl-C handler while it runs (it would end the solve as a
     failure), so Python's is installed again at every poll. After an interruption the solver thread
-    runs on in the background until it returns or the process exits (the command line exits)."""
+    runs on in the background until it returns or the process exits (the command line exits).
+
+    ``timeout`` (seconds, a function that says them at the time it is called, or None): past it (counted
+    from the start), :class:`TimeLimitReached` is raised in the main thread
+    and the call is abandoned: an exception is raised in its thread (``PyThreadState_SetAsyncExc``),
+    which ends CVXPY's compilation, which is Python, within a bytecode, and native code (a solver's
+    setup, which its own time limit does not bound) when it returns. Called outside the main thread,
+    ``call()`` runs in the caller's thread, without ``timeout``."""
     if threading.current_thread() is not threading.main_thread():
         return call()
     outcome = {}
@@ -41,19 +58,29 @@ def interruptible(call, poll=0.05):
 
     worker = threading.Thread(target=run, name="cvxpy-solve", daemon=True)
     handler = signal.getsignal(signal.SIGINT)
+    start = time.perf_counter()
     worker.start()
     while worker.is_alive():
-        worker.join(poll)
+        end = None if timeout is None else start + (timeout() if callable(timeout) else timeout)
+        worker.join(poll if end is None else min(poll, max(0.0, end - time.perf_counter())))
         if callable(handler) or handler in (signal.SIG_DFL, signal.SIG_IGN):
             signal.signal(signal.SIGINT, handler)
+        if end is not None and worker.is_alive() and time.perf_counter() >= end:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(_Abandoned))
+            raise TimeLimitReached()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
 
 
+GRACE = 1.0  # seconds past time_limit that a CVXPY solve is waited for (its solver stops itself by time_limit)
+
+
 class CVXPYSolver(Solver):
     """A conic solver called through CVXPY; ``formulation``, ``nuclear_form``, ``max_iter``, ``time_limit``
-    and the solver's own settings (by their CVXPY names) are options."""
+    and the solver's own settings (by their CVXPY names) are options. ``time_limit`` bounds the whole
+    solve: the build, CVXPY's compilation and the solver (given the time left), which is waited for
+    :data:`GRACE` more; past it there is no solution (``Z=None``, the status says where the time went)."""
 
     forms = ("primal", "dual")
     requires = CVXPY_BUILDERS
@@ -109,25 +136,55 @@ class CVXPYSolver(Solver):
                          f"{self.name} on the CVXPY {form} of {label} ({cvxpy_coefficients(problem, formulation):.2g} "
                          "coefficients), which would take about",
                          "use solver='fista' (--solver fista" + (" --form primal" if form != "primal" else "")
-                         + "), the torch backend, which never forms it")
+                         + "), the torch backend, which never forms it"
+                         + (", or fewer gates (--gates)" if problem.program.gate_arrays() else ""))
         t0 = time.perf_counter()
+        limit = options.pop("time_limit", None)
+        deadline = None if limit is None else t0 + limit
+        settings = self.settings(tol, {self.translate.get(k, k): v for k, v in options.items()})
         psd = {"nuclear_form": nuclear_form} if form == "primal" else {}  # the dual has one LMI form
-        built = BUILDERS[form](problem, formulation, **psd)
-        t1 = time.perf_counter()
-        if verbose:
-            print(f"{self.name}: the {form} of {label}, {built.formulation} formulation, built in {t1 - t0:.2f} s")
-        options = {self.translate.get(k, k): v for k, v in options.items()}
+        phase, t1 = ["our build of the CVXPY problem"], []
+
+        def build_and_solve():
+            """Our build, CVXPY's compilation, then the solver with the time left (None: no time left)."""
+            built = BUILDERS[form](problem, formulation, **psd)
+            t1.append(time.perf_counter())
+            if verbose:
+                print(f"{self.name}: the {form} of {label}, {built.formulation} formulation, built in "
+                      f"{t1[0] - t0:.2f} s")
+            phase[0] = "CVXPY's compilation"
+            data, chain, inverse = built.problem.get_problem_data(solver=self.cvxpy_name, verbose=verbose,
+                                                                  solver_opts=settings)
+            left = None
+            if deadline is not None:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    return None
+                settings[self.translate["time_limit"]] = left
+            phase[0] = (f"{self.name}, started with {left:.2g} s left" if deadline is not None else self.name) + \
+                " (its setup, a factorization, is not bounded by its time limit)"
+            solution = chain.solve_via_data(built.problem, data, False, verbose, settings)
+            built.problem.unpack_results(solution, chain, inverse)
+            return built
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             # a stack of matrices (the gated MHSA program) is canonicalised by CVXPY's SciPy backend: not news
             warnings.filterwarnings("ignore", message="The problem has an expression with dimension greater than 2")
             try:
-                interruptible(lambda: built.problem.solve(solver=self.cvxpy_name, verbose=verbose,
-                                                          **self.settings(tol, options)))
+                # past the limit, the solver (once started with the time left) is given GRACE to stop itself
+                built = interruptible(build_and_solve, timeout=None if limit is None else
+                                      lambda: limit + (GRACE if phase[0].startswith(self.name) else 0.0))
+            except TimeLimitReached:
+                built = None
             except cp.error.SolverError as exc:
                 raise SolverError(f"solver: {self.name} failed on the {form} of {label} ({exc}); try the "
                                   "other solver, a larger beta, or rescaled data") from None
         t2 = time.perf_counter()
+        t1 = t1[0] if t1 else t2
+        if built is None:  # the time limit came first: no solution (solve certifies Z = 0 and says so)
+            return BackendOutput(Z=None, V=None, status=f"time_limit reached in {phase[0]} (after {t2 - t0:.1f} s, "
+                                 f"limit {limit:g} s): no solution", build_seconds=t1 - t0, solve_seconds=t2 - t1)
         status = built.problem.status
         if status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT):
             raise SolverError(f"solver: {self.name} returned status {status!r} on the {form} of {label}; "
@@ -140,6 +197,8 @@ class CVXPYSolver(Solver):
         notes = sorted({str(w.message).split("\n")[0].strip() for w in caught})
         if notes:
             status = f"{status} ({'; '.join(notes)})"
+        if deadline is not None and t2 >= deadline and built.problem.status != cp.OPTIMAL:
+            status = f"time_limit reached: {status}"
         return BackendOutput(Z=Z, V=V, status=status, build_seconds=t1 - t0, solve_seconds=t2 - t1,
                              iterations=getattr(built.problem.solver_stats, "num_iters", None),
                              formulation=built.formulation)

@@ -112,7 +112,9 @@ def test_missing_dependency_and_failing_solver(tmp_path, capsys, data, monkeypat
     def fail(self, *a, **k):
         raise cp.error.SolverError("boom")
 
-    monkeypatch.setattr(cp.Problem, "solve", fail)
+    from cvxpy.reductions.solvers.solving_chain import SolvingChain
+
+    monkeypatch.setattr(SolvingChain, "solve_via_data", fail)  # the solver's call (after CVXPY's compilation)
     assert main(base + ["--solver", "scs"]) == 2
     assert "solver: scs failed" in capsys.readouterr().err
     assert not out.exists()

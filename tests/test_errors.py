@@ -61,7 +61,9 @@ def test_failing_solver(monkeypatch):
     def fail(self, *args, **kwargs):
         raise cp.error.SolverError("numerical trouble")
 
-    monkeypatch.setattr(cp.Problem, "solve", fail)
+    from cvxpy.reductions.solvers.solving_chain import SolvingChain
+
+    monkeypatch.setattr(SolvingChain, "solve_via_data", fail)  # the solver's call, after CVXPY's compilation
     problem = ct.make_problem(X, y, program=8, beta=0.1)
     with pytest.raises(ct.SolverError, match=r"solver: scs failed on the primal of program \(8\) \(numerical trouble\); try"):
         ct.solve(problem, "scs")
@@ -71,7 +73,7 @@ def test_solver_returning_infeasible_status(monkeypatch):
     def infeasible(self, *args, **kwargs):
         self._status = cp.INFEASIBLE
 
-    monkeypatch.setattr(cp.Problem, "solve", infeasible)
+    monkeypatch.setattr(cp.Problem, "unpack_results", infeasible)  # what the solver's answer sets
     problem = ct.make_problem(X, y, program=8, beta=0.1)
     with pytest.raises(ct.SolverError, match=r"returned status 'infeasible'"):
         ct.solve(problem, "clarabel")

@@ -208,7 +208,9 @@ def test_bad_solutions_and_solvers_for_the_mhsa_program(monkeypatch):
     def fail(self, *a, **k):
         raise cp.error.SolverError("numerical trouble")
 
-    monkeypatch.setattr(cp.Problem, "solve", fail)
+    from cvxpy.reductions.solvers.solving_chain import SolvingChain
+
+    monkeypatch.setattr(SolvingChain, "solve_via_data", fail)  # the solver's call, after CVXPY's compilation
     with pytest.raises(ct.SolverError, match=r"solver: scs failed on the dual of program \(6\) \(linear MHSA\)"):
         ct.solve(problem, "scs", form="dual")
 

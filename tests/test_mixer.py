@@ -312,9 +312,11 @@ def test_gate_working_set_and_screening_are_safe():
 
 
 def test_a_billion_gates_are_refused_before_they_are_sampled():
-    """As for programs (12) and gated_mhsa: the sampled gates and the coefficients they need (G_g and four
-    copies of Z_g, 8 (n + 4 n n_out) bytes a gate) are checked against the memory before sampling."""
+    """As for programs (12) and gated_mhsa: what a solve forms per gate is checked against the memory before
+    sampling (issue 44: what grows with N too). Here N = 10, n = 4, d = 3, one pooled output: per gate the
+    masked columns and their gates per chunk, 8 d (2 n + 2) N = 2,400 bytes, the recovered units' gates and
+    outputs, 16 d N = 480, G_g and eight copies of Z_g, 8 (n + 8 n) = 288: 3,168 bytes, 2.9 TiB for 1e9."""
     X = np.random.default_rng(0).standard_normal((10, 4, 3))
     with pytest.raises(InvalidInputError, match=r"^gates: expected what fits in memory .* 1000000000 gates, whose "
-                                                r"arrays, masks and coefficients take about 149\.0 GiB"):
+                                                r"masks, gated designs and coefficients take about 2\.9 TiB"):
         ct.make_problem(X, X[:, 0, 0], program="mixer", gates=10**9, beta=1.0)  # 8 (4 + 16) 1e9 B = 149.0 GiB

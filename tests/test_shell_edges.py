@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -84,19 +83,21 @@ def test_issue33_an_empty_out_or_one_ending_in_a_separator_is_refused(capsys, fo
     assert sorted(os.listdir(folder)) == before and stdout == ""
 
 
-@pytest.mark.parametrize("program", ["12", "gated_mhsa"])
+@pytest.mark.parametrize("program", ["12", "gated_mhsa", "mixer"])
 def test_issue33_a_billion_gates_are_refused_before_they_are_sampled(capsys, folder, program):
+    from cvxtransformer.core.registry import family
+    from cvxtransformer.core.validation import format_bytes
+
     t0 = time.perf_counter()
     code, out, err = solve(capsys, "d.npz", "--program", program, "--gates", "1000000000")
     assert_one_line_error(code, err, "solve", r"gates: expected what fits in memory \(.* available\), got 1000000000 "
-                                              r"gates, whose arrays, masks and coefficients take about .*; use fewer "
-                                              r"gates \(--gates\); about \d+ would fit")
+                                              r"gates, whose masks, gated designs and coefficients take about .*; use "
+                                              r"fewer gates \(--gates\); about \d+ would fit")
     assert time.perf_counter() - t0 < 5
-    # the estimate is what the text says: per gate, u1, u2, the mask column and 4 copies of Z's slice (program 12)
-    n, d, N, c = 4, 3, 30, 1
-    gib = float(err.split("take about ")[1].split(" GiB")[0])
-    per_gate = 8 * (n + d + N + 4 * c * n * d) if program == "12" else 8 * (d * d + 4 * d ** 3 * c)
-    assert gib == pytest.approx(1e9 * per_gate / 2**30, rel=1e-3)
+    # the estimate is what the text says: the program's own count per gate (issue 44: what grows with N included)
+    data = np.load("d.npz")
+    per_gate = family(program).program.gate_bytes(data["X"], data["y"], data["y"].reshape(30, 1))
+    assert f"take about {format_bytes(1e9 * per_gate)};" in err
 
 
 @pytest.mark.parametrize("role", ["DATA", "RESULT", "shard"])
@@ -125,23 +126,32 @@ def test_issue33_a_fifo_as_out_without_a_reader_is_refused_not_waited_on(capsys,
     assert time.perf_counter() - t0 < 30 and not leftovers(folder)
 
 
+@pytest.mark.parametrize("moment", ["created", "linked", "created unnamed"])
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
-def test_issue33_a_signal_as_the_temporary_file_appears_leaves_no_tmp(capsys, folder, monkeypatch, sig, code, word):
-    """The signal arrives right after the temporary file is created, before its name is kept: the moment
-    that left .tmp files. It now waits until the name is kept, and the cleanup removes the file."""
-    real = tempfile.mkstemp
+def test_issue33_a_signal_as_the_temporary_file_appears_leaves_no_tmp(capsys, folder, monkeypatch, sig, code, word,
+                                                                      moment):
+    """The signal arrives right after the temporary file is created (a named one: the file system has no
+    unnamed files; or an unnamed one), or right after the unnamed file is linked under a temporary name
+    (issue 44: the target exists), before its name is kept: the moment that left .tmp files. It now waits
+    until the name is kept, and the cleanup removes the file."""
+    if moment == "created":
+        monkeypatch.setattr(ctio, "O_TMPFILE", None)  # the named fallback
+    real = getattr(ctio, "_link" if moment == "linked" else "_temporary")
 
-    def mkstemp_then_signal(*args, **kwargs):
+    def then_signal(*args, **kwargs):
         made = real(*args, **kwargs)
         signal.pthread_kill(threading.main_thread().ident, sig)
         for _ in range(50):  # bytecodes in which an unblocked signal's handler would run
             time.sleep(0.001)
         return made
 
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_signal)
+    monkeypatch.setattr(ctio, "_link" if moment == "linked" else "_temporary", then_signal)
+    if moment == "linked":
+        Path("r.npz").write_bytes(b"an earlier result")
     result = solve(capsys, "d.npz", "--program", "10", "--out", "r.npz")
     assert result[0] == code and result[2].strip() == f"cvxtransformer solve: {word}", result
-    assert not leftovers(folder) and not os.path.exists("r.npz")
+    assert not leftovers(folder) and not [f for f in os.listdir(folder) if f.startswith(".r.npz")]
+    assert Path("r.npz").read_bytes() == b"an earlier result" if moment == "linked" else not os.path.exists("r.npz")
 
 
 def test_issue33_python_api_arguments_get_the_projects_errors():

@@ -134,6 +134,7 @@ def _stdout_closed():
 
 
 def main(argv=None):
+    from_argv = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
@@ -152,16 +153,18 @@ def main(argv=None):
                                            f"torch and the solvers takes about {START_BYTES // 2**20} MiB")
     try:
         from ..core.errors import CvxTransformerError
-        from ..core.io import reading_inputs
+        from ..core.io import reading_inputs, report_bus_errors
     except (ImportError, OSError, MemoryError) as exc:  # numpy cannot load: only memory is worth a line
         if not _short_of_memory(exc):
             raise
         return _cannot_start(args.command, exc)
+    if from_argv:  # the process is this command (not a caller's main([...])): its fatal bus errors get a line
+        report_bus_errors(f"cvxtransformer {args.command}")
     try:
         with reading_inputs(), _sigterm_raises():
             code = args.run(args)
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
-        return code
+        return _leave(code) if from_argv else code  # a solver abandoned at its time limit may still run
     except CvxTransformerError as exc:
         print(f"cvxtransformer {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -222,8 +225,9 @@ def _cannot_start(command, exc):
 
 def _leave(code):
     """``code``, or an exit at once with it when a native solver still runs in its thread (an
-    interrupted Clarabel or SCS solve, solvers/cvxpy_solvers.py ``interruptible``): the interpreter's
-    shutdown would run under it (and crash in it). Every file was cleaned up on the way here."""
+    interrupted Clarabel or SCS solve, or one abandoned at its time limit: solvers/cvxpy_solvers.py
+    ``interruptible``): the interpreter's shutdown would run under it (and crash in it). Every file was
+    cleaned up on the way here."""
     if any(t.name == "cvxpy-solve" and t.is_alive() for t in threading.enumerate()):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

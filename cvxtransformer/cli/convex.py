@@ -111,7 +111,9 @@ def configure_solve(p):
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines (by default a line on stderr when a solve runs past 5 s, then every 30 s)")
     p.add_argument("--max-iter", type=positive_int, default=None, help="iteration budget of the solver")
-    p.add_argument("--time-limit", type=positive_float, default=None, help="time budget of the solver, seconds")
+    p.add_argument("--time-limit", type=positive_float, default=None,
+                   help="time budget of the solver, seconds (clarabel and scs: CVXPY's compilation included; a "
+                        "solver started is given 1 s more to stop; the certificate's refinement has --refine-time)")
     _refine_arguments(p)
     t = p.add_argument_group("torch backend (--solver fista only)")
     t.add_argument("--device", default=None, help="cpu or cuda (default cpu)")
@@ -143,8 +145,10 @@ def run_solve(args):
     if args.distributed:
         return _run_distributed(args, options)
     data = open_data(args.data)  # headers only (a .npz is loaded): then --out is checked against the inputs
+    pieces = None
     if args.out is not None:
         check_output_file(args.out, "--out")
+        pieces = data.fingerprint()  # RESULT's, taken before the rows are read; compared again at the end
     X, y = data.rows()
     y, classes = encode_labels(y, args.loss)
     problem = make_problem_from(args, X, y, **data.gates)
@@ -153,7 +157,8 @@ def run_solve(args):
                    refine=refine,
                    refine_time=args.refine_time, heartbeat_after=None if args.quiet else HEARTBEAT, **options)
     if args.out is not None:
-        result.save(args.out, fingerprint=_fingerprint(data, data.fingerprint(), problem),
+        data.check_unchanged(pieces)  # the data solved is the data the fingerprint names
+        result.save(args.out, fingerprint=_fingerprint(data, pieces, problem),
                     **({} if classes is None else {"classes": classes}))
     _print(args, _with_classes(result.summary(), classes, args.loss), args.out)
     return 0 if result.certified else 1
@@ -222,6 +227,7 @@ def _solve_distributed(args, options, rank):
     from cvxtransformer.solvers import distributed
 
     from ..core.data import open_data
+    from ..core.errors import InvalidInputError
     from ..core.io import check_output_file
     from ..solving import solve
 
@@ -236,6 +242,10 @@ def _solve_distributed(args, options, rank):
             local.classes = max_label + 1  # the classes of every shard
         return make_problem_from(local, X, y, **gates)
 
+    writes = [bool(args.out)]  # whether rank 0 writes RESULT (--out is its own)
+    distributed.collective(dist.broadcast_object_list, writes, src=0)
+    # each process's rows of DATA, fingerprinted before that process reads them, and again at the end
+    mine = data.fingerprint(*data.split(dist.get_world_size(), rank)) if writes[0] else []
     problem = distributed.shard_data(data, build)
     if args.beta_frac is not None:
         problem = problem.with_beta_frac(args.beta_frac)
@@ -243,15 +253,24 @@ def _solve_distributed(args, options, rank):
                    refine=False if args.no_refine else "auto", refine_time=args.refine_time, **options)
     V = problem.program.shards.gather_rows(result.V)
     shards = problem.program.shards
-    writes, pieces = [bool(args.out)], [None] * shards.size  # whether rank 0 writes RESULT (--out is its own)
-    distributed.collective(dist.broadcast_object_list, writes, src=0)
-    # each process's rows of DATA, fingerprinted as that process read them
-    distributed.collective(dist.all_gather_object, pieces, data.fingerprint(shards.start, shards.stop) if writes[0]
-                           else [])
+    changed = None
+    if writes[0]:
+        try:
+            data.check_unchanged(mine)
+        except InvalidInputError as exc:
+            changed = str(exc)
+    pieces = [None] * shards.size
+    distributed.collective(dist.all_gather_object, pieces, (mine, changed))
+    for r, (_, why) in enumerate(pieces):
+        if why is not None:  # raised alike on every process (printed once, by rank 0)
+            exc = InvalidInputError(f"{why} (on rank {r})")
+            exc.every_process = True
+            raise exc
+    pieces = [piece for mine, _ in pieces for piece in mine]
     if rank == 0:
         result = dataclasses.replace(result, V=V)
         if args.out is not None:
-            result.save(args.out, fingerprint=_fingerprint(data, [p for mine in pieces for p in mine], problem))
+            result.save(args.out, fingerprint=_fingerprint(data, pieces, problem))
         _print(args, dict(result.summary(), processes=dist.get_world_size()), args.out)
     return 0 if result.certified else 1
 
@@ -307,13 +326,7 @@ def run_verify(args):
         print("cvxtransformer verify: note: RESULT holds no data fingerprint (written by an older version, or "
               "not by solve --out): it could not be checked that DATA is the data it was solved on", file=sys.stderr)
     else:
-        names = family(args.program).gate_arrays
-        in_data = bool(names) and names[0] in data.gates
-        arrays = {k: data.gates[k] for k in names} if in_data else problem.program.gate_arrays()
-        if _gates_fingerprint(arrays) != fingerprint.get("gates"):
-            raise InvalidInputError(f"RESULT: it was solved with other gates: {', '.join(names) or 'the gates'} "
-                                    f"({'DATA' if in_data else gates}) differ from those of RESULT's fingerprint; "
-                                    "verify against the DATA that RESULT was solved on, or solve again")
+        _check_gates(args, data, problem, fingerprint.get("gates"), gates)
         summary["data_fingerprint"] = "checked: DATA is the data RESULT was solved on (SHA-256 of X, y, gates)"
     if stored is not None:
         summary["result_beta"] = stored
@@ -322,10 +335,39 @@ def run_verify(args):
                   f"beta = {problem.beta:.10g} (from --beta/--beta-frac)", file=sys.stderr)
     cert = certify(problem, Z, V=V, tol=args.tol, refine=not args.no_refine, refine_time=args.refine_time,
                    atol=args.atol)
+    if fingerprint is not None:  # DATA is still the data RESULT was solved on: it did not change under the run
+        data.check_unchanged()
+        if not data.in_memory:
+            data.check_fingerprint(fingerprint, during_run=True)
     summary.update(cert.to_dict())
     summary["status"] = "none (a given Z)"
     _print(args, _with_classes(summary, classes, args.loss))
     return 0 if cert.certified else 1
+
+
+def _check_gates(args, data, problem, recorded, source):
+    """Refuse gates other than those RESULT's fingerprint records (``recorded``: the SHA-256 of the gates
+    the solve used): DATA's, when DATA holds some (verify says DATA is the data RESULT was solved on),
+    and the ones verify certifies with (``source``: RESULT's, DATA's or sampled from --gates and
+    --gate-seed; see :func:`_gates`), whichever they are."""
+    from ..core.errors import InvalidInputError
+
+    names = family(args.program).gate_arrays
+    shown = ", ".join(names) or "the gates"
+    fix = "verify against the DATA and the RESULT that solve --out wrote, or solve again"
+    if names and names[0] in data.gates and _gates_fingerprint({k: data.gates[k] for k in names}) != recorded:
+        raise InvalidInputError(f"RESULT: it was solved with other gates: {shown} (DATA) differ from those of "
+                                f"RESULT's fingerprint; {fix}")
+    if _gates_fingerprint(problem.program.gate_arrays()) == recorded:
+        return
+    if source == "RESULT":
+        raise InvalidInputError(f"RESULT: its gates {shown} are not the ones its fingerprint records (the gates Z "
+                                f"was solved with); {fix}")
+    if source is None:
+        raise InvalidInputError(f"RESULT: its fingerprint records gates, and {problem.program.label} has none; "
+                                "check --program, or solve again")
+    raise InvalidInputError(f"RESULT: it was solved with other gates: {shown} ({source}) differ from those of "
+                            f"RESULT's fingerprint; pass the --gates and --gate-seed of the solve, or {fix}")
 
 
 def _solved_by(res):

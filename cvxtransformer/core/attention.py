@@ -45,7 +45,7 @@ from .programs import CHUNK_BYTES, Program, _SampleOperator
 from .reductions import ALL_LOSSES, Reduction
 from .registry import register
 from .regularizers import GroupLasso, TokenNuclearNorm
-from .validation import check_array, check_gates_memory, check_int
+from .validation import check_array, check_int
 
 __all__ = ["AttentionHeads", "AttentionProgram", "Proposition1", "WeightDecayProgram", "WeightDecayReduction",
            "gate_mask", "sample_gates"]
@@ -494,8 +494,6 @@ class AttentionProgram(Program):
         n, d = X.shape[1:]
         if U1 is None and U2 is None:
             gates = check_int("gates", 8 if gates is None else gates, 1)
-            c = T.shape[1]  # per gate: u1, u2, a column of the mask (N), Z's h-slice and 3 copies in a solver
-            check_gates_memory(gates, 8 * (n + d + len(X) + 4 * c * n * d))
             U1, U2 = sample_gates(gates, n, d, gate_seed)
         elif U1 is None or U2 is None:
             raise invalid("U1, U2", "both gate matrices or neither", "only one of them")
@@ -510,6 +508,16 @@ class AttentionProgram(Program):
     def loss_hint(cls, number, loss):
         """What to do instead when program ``number`` does not take the loss named ``loss``."""
         return "use program 10 or 12 for several outputs"
+
+    @classmethod
+    def gate_bytes(cls, X, y, T):
+        """Per gate of program (12) (measured against peaks in docs/benchmark_gate_memory.md): u1, u2; its
+        column of the mask (N, as booleans and float64) and of a working set's or the recovery's copy,
+        20 bytes a sample in all; per chunk of samples (at most 256 with many gates), the gated weights
+        and outputs (c each); Z's slice (c n d) and a dozen copies (solver, screening, certificate)."""
+        N, n, d = X.shape
+        c = T.shape[1]
+        return 8 * (n + d) + 20 * N + 8 * 3 * c * min(N, 256) + 8 * 12 * c * n * d
 
     @classmethod
     def check_targets(cls, number, y):

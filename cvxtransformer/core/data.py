@@ -33,10 +33,11 @@ import torch
 from .arrays import device_budget, to_storage
 from .errors import InvalidInputError
 from .fingerprint import fingerprint_rows
-from .io import check_regular_file, load_npz, record_input, why_unreadable
+from .io import check_regular_file, load_npz, record_input, watch_memory_maps, why_unreadable
 from .registry import gate_arrays
 
 STREAM_BYTES = 8 * 2**20  # bytes of a chunk read from a memory map
+CHANGED_FIX = "nothing of the run is kept (no RESULT written, no certificate): run it again once DATA is written"
 
 
 def file_backed(a):
@@ -83,6 +84,7 @@ class DataSet:
     def __init__(self, parts, in_memory=False, **gates):
         self.parts, self.in_memory = parts, in_memory
         self.sources = [None] * len(parts)
+        self.files = {}  # path -> (memory-mapped, its identity when opened: :func:`_identity`), see check_unchanged
         self.gates = {k: v for k, v in gates.items() if v is not None}  # by name
         self.counts = [len(X) for X, _ in parts]
         self.N = sum(self.counts)
@@ -128,11 +130,32 @@ class DataSet:
                            "y": fingerprint_rows([self.parts[k][1][s:e]])})
         return pieces
 
-    def check_fingerprint(self, stored):
+    def check_unchanged(self, pieces=None):
+        """Refuse DATA that changed since it was opened (and since ``pieces``, from :meth:`fingerprint`,
+        were taken, before its rows were read): a file of DATA replaced, or rewritten to another size
+        (:func:`_identity`; checked first: reading a map of a file made shorter would stop the process),
+        or rows of a memory-mapped X.npy or y.npy whose SHA-256 is no longer the one taken. Raises an
+        :class:`InvalidInputError` naming the file."""
+        fix = CHANGED_FIX
+        for path, (mapped, seen) in self.files.items():
+            if _identity(path, mapped) != seen:
+                raise InvalidInputError(f"DATA: {path!r} was replaced or rewritten during the run; {fix}")
+        if not pieces or self.in_memory:  # read whole when opened: nothing of it changes under the run
+            return
+        now = self.fingerprint(pieces[0]["rows"][0], pieces[-1]["rows"][1])
+        for (k, _, _), old, new in zip(self._pieces(pieces[0]["rows"][0], pieces[-1]["rows"][1]), pieces, now):
+            for part in ("X", "y"):
+                if old[part] != new[part]:
+                    path = os.path.join(self.sources[k], f"{part}.npy")
+                    raise InvalidInputError(f"DATA: {path!r} changed during the run (its SHA-256 when read and "
+                                            f"now differ); {fix}")
+
+    def check_fingerprint(self, stored, during_run=False):
         """Check that this DATA holds the rows whose fingerprint a RESULT stores (``stored``: a dict with
         ``N`` and ``pieces``, from :meth:`fingerprint`; the rows may be split into other shards);
         otherwise raise an :class:`InvalidInputError` naming the first part that differs (X or y, and
-        the shard)."""
+        the shard). ``during_run``: checked again at the end of a run that checked it at the start (the
+        message says that DATA changed during the run)."""
         fix = "verify against the DATA that RESULT was solved on, or solve again on this DATA"
         try:
             N, spans = int(stored["N"]), [(int(p["rows"][0]), int(p["rows"][1]), p["X"], p["y"])
@@ -151,6 +174,10 @@ class DataSet:
             touched = list(self._pieces(start, stop))
             for i, (part, stored_hash) in enumerate(zip(("X", "y"), hashes)):
                 if fingerprint_rows([self.parts[k][i][s:e] for k, s, e in touched]) != stored_hash:
+                    if during_run:
+                        raise InvalidInputError(f"DATA: {part}{self._where(touched)} changed during the run (its "
+                                                "SHA-256 is no longer the one RESULT records, which DATA had when "
+                                                f"the run started); {CHANGED_FIX}")
                     raise InvalidInputError(f"RESULT: it was solved on other data: {part}{self._where(touched)} "
                                             f"differs from DATA's (SHA-256 fingerprint); {fix}")
 
@@ -162,6 +189,18 @@ class DataSet:
         return f" of shard{'s' if len(touched) > 1 else ''} " + ", ".join(
             f"{k} ({self.sources[k]!r}" + ("" if (s, e) == (0, self.counts[k]) else f", rows {s}:{e}") + ")"
             for k, s, e in touched)
+
+
+def _identity(path, mapped):
+    """What tells a file of DATA from another one, or from itself rewritten: device, inode and size (a
+    memory map reads the file it mapped, whatever its name names later, and a shorter file under a map
+    stops the process with SIGBUS when the map is read), and the time of its last change for a file
+    read whole when opened (not ``mapped``: a .npz, the gates); None once it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size) + (() if mapped else (st.st_mtime_ns,))
 
 
 def _shard_dirs(paths, role):
@@ -211,6 +250,7 @@ def open_data(paths, role="DATA"):
                                         f"expected one row per sample, shape (N, ...): save {name} as an array")
         out = DataSet([(data["X"], data["y"])], in_memory=True, **{k: data.get(k) for k in gate_arrays()})
         out.sources = [os.fspath(paths[0])]
+        out.files = {out.sources[0]: (False, _identity(out.sources[0], False))}
         return out
     parts, gates = [], {}
     folders = _shard_dirs(paths, role)
@@ -238,6 +278,12 @@ def open_data(paths, role="DATA"):
         parts.append((X, y))
     out = DataSet(parts, **gates)
     out.sources = folders
+    watch_memory_maps([path for folder in folders for path in (os.path.join(folder, "X.npy"),
+                                                               os.path.join(folder, "y.npy"))])
+    for folder in folders:  # X and y memory-mapped, the gates read whole
+        for name in ("X", "y", *gates):
+            path = os.path.join(folder, name + ".npy")
+            out.files[path] = (name in ("X", "y"), _identity(path, name in ("X", "y")))
     return out
 
 

@@ -6,6 +6,8 @@ takes is checked first by :func:`check_output_file` (or :func:`prepare_out_dir`)
 
 * a regular file (new or existing) is written to a temporary file in its folder and renamed over
   it only when complete, so an interrupted or failed run never leaves a half-written file; the
+  temporary file is unnamed (``O_TMPFILE``) until complete where the file system allows, so even
+  ``kill -9`` leaves nothing (elsewhere a later write removes what a killed process left); the
   final file gets the mode an ordinary ``open(path, "w")`` would give it (``0o666`` less the
   umask for a new file, an existing file's own mode);
 * a symbolic link is followed: its target is replaced that way, and the link stays a link;
@@ -24,7 +26,9 @@ import errno
 import json
 import math
 import os
+import re
 import signal
+import socket
 import stat
 import tempfile
 import time
@@ -103,6 +107,11 @@ def atomic_open(path, mode="wb", role=None):
     """Open ``path`` for writing as :func:`destination` decides: a temporary file beside the
     target that replaces it on success (for a device or FIFO: the path itself).
 
+    The temporary file is unnamed (``O_TMPFILE``) where the file system supports it, and gets its
+    name only when complete: a process killed while writing (``kill -9``, the kernel's OOM killer)
+    leaves nothing. Elsewhere it is a named file (:func:`temporary_name`), and the next write to its
+    folder removes the temporary files of processes that are gone (:func:`remove_stale`).
+
     The file gets the mode ``open(path, "w")`` would give it: an existing file's own mode, else
     ``0o666`` less the umask. On any failure or interruption (an exception, Ctrl-C, a SIGTERM
     turned into an exception by the command line) the temporary file is removed and ``path`` is
@@ -111,7 +120,7 @@ def atomic_open(path, mode="wb", role=None):
     """
     path = os.fspath(path)
     target, direct = destination(path, role or "output")
-    tmp = None
+    fd = tmp = None
     try:
         if direct:  # composed in memory (writers such as zipfile seek, which a device or pipe cannot), then sent
             buffer = BytesIO() if "b" in mode else StringIO()
@@ -119,17 +128,22 @@ def atomic_open(path, mode="wb", role=None):
             with _open_direct(target, mode, path, role or "output") as f:
                 f.write(buffer.getvalue())
             return
+        folder = os.path.dirname(target)
+        remove_stale(folder)
         with _signals_held():  # a signal raised between the file's creation and ``tmp = ...`` would leave it
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix="." + os.path.basename(target) + ".",
-                                       suffix=".tmp")
-        with os.fdopen(fd, mode) as f:
+            fd, tmp = _temporary(folder, os.path.basename(target))
+        with os.fdopen(fd, mode, closefd=False) as f:
             yield f
         try:
             permissions = stat.S_IMODE(os.stat(target).st_mode)
         except FileNotFoundError:
             permissions = 0o666 & ~_umask()
-        os.chmod(tmp, permissions)
-        os.replace(tmp, target)
+        os.fchmod(fd, permissions)
+        if tmp is None:  # unnamed: linked under a temporary name (or the target's, when it does not exist)
+            with _signals_held():  # as at the creation: the name is kept before a signal acts
+                tmp = _link(fd, folder, target)
+        if tmp is not None:
+            os.replace(tmp, target)
     except OSError as exc:
         _remove(tmp)
         raise InvalidInputError(f"cannot write {path!r} ({exc.strerror or exc}); pass a writable location "
@@ -137,6 +151,83 @@ def atomic_open(path, mode="wb", role=None):
     except BaseException:
         _remove(tmp)
         raise
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+O_TMPFILE = getattr(os, "O_TMPFILE", None)  # Linux >= 3.11, on the file systems that support it
+
+
+def _temporary(folder, name):
+    """``(fd, None)``: an unnamed file in ``folder`` (``O_TMPFILE``), or ``(fd, path)``: a named one,
+    :func:`temporary_name`, where the file system (or the system) has no unnamed files."""
+    if O_TMPFILE is not None and os.path.isdir("/proc/self/fd"):  # the unnamed file is linked through /proc
+        try:
+            return os.open(folder, O_TMPFILE | os.O_WRONLY, 0o600), None
+        except OSError as exc:  # EOPNOTSUPP, EISDIR (older kernels), EINVAL: no O_TMPFILE there
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+                raise
+            if exc.errno == errno.ENOENT and not os.path.isdir(folder):
+                raise
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=temporary_name(name), suffix=".tmp")
+    return fd, tmp
+
+
+def _link(fd, folder, target):
+    """Give the unnamed file ``fd`` a name: ``target`` itself when it does not exist (nothing to
+    replace; returns None), else a temporary name (returned) for ``os.replace``. (``linkat`` with
+    AT_SYMLINK_FOLLOW on /proc/self/fd/N, which ``os.link`` calls when given a folder's descriptor.)"""
+    proc, where = f"/proc/self/fd/{fd}", os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        name = os.path.basename(target)
+        try:
+            os.link(proc, name, dst_dir_fd=where, follow_symlinks=True)
+            return None
+        except FileExistsError:
+            pass
+        while True:
+            tmp = temporary_name(name) + os.urandom(6).hex() + ".tmp"
+            try:
+                os.link(proc, tmp, dst_dir_fd=where, follow_symlinks=True)
+                return os.path.join(folder, tmp)
+            except FileExistsError:  # another name, as mkstemp does
+                continue
+    finally:
+        os.close(where)
+
+
+def temporary_name(name):
+    """The prefix of a named temporary file for ``name``: ``.name.ct<pid>@<host>.``, so that a later run
+    recognises the files of a process that is gone (:func:`remove_stale`)."""
+    return f".{name}.ct{os.getpid()}@{socket.gethostname()}."
+
+
+STALE = re.compile(r"^\..+\.ct(\d+)@(.*)\.\w+\.tmp$")  # the names temporary_name() starts
+
+
+def remove_stale(folder):
+    """Remove the temporary files that writers of this module left in ``folder`` (a process killed
+    while writing, where the file system has no unnamed files): those named by
+    :func:`temporary_name` on this host whose process no longer runs."""
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            found = STALE.match(name)
+            if found and found.group(2) == host and not _running(int(found.group(1))):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))
+
+
+def _running(pid):
+    """Whether a process ``pid`` exists (on this host)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, another user's
+        return True
+    return True
 
 
 HELD = {signal.SIGINT, signal.SIGTERM}
@@ -184,6 +275,69 @@ def _remove(tmp):
     if tmp is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+# ----------------------------------------------------------------------------- bus errors
+# A memory-mapped file made shorter while it is mapped (DATA's X.npy rewritten to another size during
+# a run) stops the process with SIGBUS as soon as a page past its new end is read: in numpy's, torch's
+# or BLAS's native code, in any thread. Python cannot catch it (a handler that returns re-runs the
+# faulting read), so the command line, run as a program, has faulthandler write the fatal error into a
+# pipe read by a small watcher process, which turns a bus error into one line naming the file.
+_BUS = {}  # "prefix": the command's name for the line (report_bus_errors); "watcher": the process
+
+BUS_WATCHER = r"""
+import json, os, sys
+prefix, files = sys.argv[1], json.loads(sys.argv[2])
+text = sys.stdin.buffer.read().decode("utf-8", "replace")  # faulthandler's report, or nothing (EOF: no fault)
+if not text:
+    sys.exit(0)
+if "Bus error" not in text.splitlines()[0]:
+    sys.stderr.write(text)  # another fatal error: faulthandler's report as it is
+    sys.exit(0)
+def size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+changed = [(path, was, size(path)) for path, was in files if size(path) != was]
+what = ("; ".join(f"{path!r} changed size during the run ({was} bytes when read, "
+                  + ("now gone" if now is None else f"{now} now") + ")" for path, was, now in changed)
+        if changed else "a memory-mapped file of " + ", ".join(repr(p) for p, _ in files) + " could not be read")
+sys.stderr.write(f"{prefix}: error: DATA: {what}: the process was stopped by SIGBUS (a bus error) reading its memory "
+                 "map, and wrote nothing; do not rewrite DATA while a command reads it, and run it again\n")
+"""
+
+
+def report_bus_errors(prefix):
+    """From now on (a command run as a program: the command line's ``main``), a memory map of DATA
+    (:func:`watch_memory_maps`) that stops the process with SIGBUS is reported in one line on stderr,
+    ``<prefix>: error: DATA: 'X.npy' changed size during the run ...`` (exit status 135 still: the
+    process is killed by the signal)."""
+    _BUS["prefix"] = prefix
+
+
+def watch_memory_maps(paths):
+    """Note the memory-mapped files of DATA (``paths``) for :func:`report_bus_errors`: the first call
+    in a process that reports bus errors starts the watcher (a Python without site packages, a few
+    ms) and points :mod:`faulthandler` at its pipe. Nothing otherwise (the Python API, tests)."""
+    import faulthandler
+    import subprocess
+    import sys
+
+    if "prefix" not in _BUS or "watcher" in _BUS:
+        return
+    files = [(os.fspath(p), os.stat(p).st_size) for p in paths]  # named as given (the watcher shares our folder)
+    read, write = os.pipe()  # not inherited: only this process holds the writing end
+    try:
+        _BUS["watcher"] = subprocess.Popen([sys.executable, "-S", "-E", "-c", BUS_WATCHER, _BUS["prefix"],
+                                            json.dumps(files)], stdin=read, stdout=subprocess.DEVNULL)
+    except OSError:  # no process to spare: the default (the shell's "Bus error")
+        os.close(write)
+        return
+    finally:
+        os.close(read)
+    faulthandler.enable(file=write, all_threads=False)
+    _BUS["fd"] = write
 
 
 def save_npz(path, **arrays):

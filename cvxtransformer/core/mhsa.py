@@ -83,7 +83,7 @@ from .reductions import (ALL_LOSSES, Heads, Reduction, by_chunks, checked_gate, 
                          weight_decay_objective)
 from .registry import register
 from .regularizers import NuclearNorm
-from .validation import check_gate_arrays, check_gates_memory, check_int
+from .validation import check_gate_arrays, check_int
 
 __all__ = ["LinearMHSAProgram", "LinearMHSAReduction", "MHSAHeads", "GatedMHSAHeads", "GatedMHSAProgram",
            "GatedMHSAReduction", "attention_masks", "sample_gate_matrices"]
@@ -621,13 +621,24 @@ class GatedMHSAProgram(LinearMHSAProgram):
         d = X.shape[2]
         if H is None:
             gates = check_int("gates", 8 if gates is None else gates, 1)
-            c = y.shape[2] if y.ndim == 3 else T.shape[1]  # per gate: H_g, Z's slice (d^2 x dc) and 3 copies
-            check_gates_memory(gates, 8 * (d * d + 4 * d ** 3 * c))
             H = sample_gate_matrices(gates, d, check_int("gate_seed", gate_seed))
         else:
             H = check_gate_arrays("H", H, (d, d), "gate matrix", f"tokens of dimension d = {d}")
         per_token = y.ndim == 3
         return cls(X, y.shape[2] if per_token else T.shape[1], not per_token, H)
+
+    @classmethod
+    def gate_bytes(cls, X, y, T):
+        """Per gate (measured against peaks in docs/benchmark_gate_memory.md): per chunk of samples (at
+        most 256 with many gates) the masks (n x n: the scores, booleans, float64), the queries
+        ``x_t^T H_g`` and a copy (2 n d) and the products with Z and their reordered copies (4 n d c);
+        the recovered heads' evaluation (``GatedMHSAReduction.predict``, chunks of 1,024 samples: the
+        queries and masks of every gate, then one head's gathered masks and scores, 8 n d + 41 n^2
+        bytes a sample); H_g and Z's slice (d^2 x dc) with 7 copies."""
+        N, n, d = X.shape
+        c = y.shape[2] if y.ndim == 3 else T.shape[1]
+        return (min(N, 256) * (17 * n * n + 16 * n * d + 32 * n * d * c) + min(N, 1024) * (8 * n * d + 41 * n * n)
+                + 8 * (d * d + 8 * d ** 3 * c))
 
     def __init__(self, X, c, pooled, H):
         super().__init__(X, c, pooled)

@@ -44,7 +44,7 @@ from .errors import invalid
 from .reductions import Heads, Reduction, by_chunks, checked_gate, checked_weights, gated_models, weight_decay_objective
 from .registry import register
 from .regularizers import NuclearNorm
-from .validation import check_gate_arrays, check_gates_memory, check_int
+from .validation import check_gate_arrays, check_int
 
 __all__ = ["MixerProgram", "MixerReduction", "MixerUnits", "channel_gates", "sample_gate_vectors"]
 
@@ -107,13 +107,22 @@ class MixerProgram(DesignProgram):
         n = X.shape[1]
         if G is None:
             gates = check_int("gates", 8 if gates is None else gates, 1)
-            n_out = y.shape[1] if y.ndim == 3 else T.shape[1]  # per gate: G_g, Z's slice (n_out x n) and 3 copies
-            check_gates_memory(gates, 8 * (n + 4 * n * n_out))
             G = sample_gate_vectors(gates, n, check_int("gate_seed", gate_seed))
         else:
             G = check_gate_arrays("G", G, (n,), "gate vector", f"sequences of n = {n} tokens")
         per_channel = y.ndim == 3
         return cls(X, y.shape[1] if per_channel else T.shape[1], not per_channel, G)
+
+    @classmethod
+    def gate_bytes(cls, X, y, T):
+        """Per gate (measured against peaks in docs/benchmark_gate_memory.md): its masked columns, the
+        product that forms them and the gates, per chunk of samples (at most 256 with many gates: 8 d
+        (2 n + 2) bytes a sample); the recovered units' evaluation (``MixerReduction.predict``, chunks
+        of 4,096 samples: the gates and one unit's outputs, 16 d bytes a sample); G_g and Z's slice
+        (n_out x n) with 7 copies (solver, screening, certificate)."""
+        N, n, d = X.shape
+        n_out = y.shape[1] if y.ndim == 3 else T.shape[1]
+        return 8 * d * (2 * n + 2) * min(N, 256) + 16 * d * min(N, 4096) + 8 * (n + 8 * n_out * n)
 
     def __init__(self, X, n_out, pooled, G):
         self.N, self.n, self.d = X.shape

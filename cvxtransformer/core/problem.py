@@ -17,7 +17,7 @@ from .fingerprint import fingerprint
 from .losses import are_class_labels, encode_classes, get_loss
 from .registry import families, family
 from .registry import gate_arrays as all_gate_arrays
-from .validation import check_array, check_beta, check_int, check_positive, check_scale
+from .validation import check_array, check_beta, check_gates_memory, check_int, check_positive, check_scale
 
 
 class ConvexProblem:
@@ -200,6 +200,7 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, ga
                       known[refused[0]], f"leave them out, or use program {owner!r}")
     options = {"gates": gates, "gate_seed": gate_seed,  # copies of the caller's arrays
                **{k: np.array(a) if isinstance(a, np.ndarray) else a for k, a in gate_arrays.items()}}
+    _check_gates_memory(fam, X, y_arr, T, options)
     prog = fam.program.build(program, X, y_arr, T, **{k: options[k] for k in fam.options if k in options})
     for gate in prog.gate_arrays().values():
         gate.flags.writeable = False
@@ -207,6 +208,21 @@ def make_problem(X, y, program=10, loss="squared", beta=None, beta_frac=None, ga
     problem._mapped = {name: (a, fingerprint(a)) for name, a in (("X", prog.X), ("y", T)) if file_backed(a)}
     problem = check_scale(problem)
     return problem if beta_frac is None else problem.with_beta_frac(beta_frac)
+
+
+def _check_gates_memory(fam, X, y, T, options):
+    """Refuse, before any gate is sampled or used, gates whose masks, designs and solver's temporaries
+    would not fit in memory (:meth:`~.programs.Program.gate_bytes` of the family's program): the gate
+    arrays given (their rows), or ``gates`` to be sampled (default 8, as the families sample)."""
+    per_gate = fam.gate_arrays and fam.program.gate_bytes(X, y, T)
+    if not per_gate:
+        return
+    given = next((k for k in fam.gate_arrays if k in options), None)
+    if given is not None:
+        if np.ndim(options[given]) >= 1:  # (shapes are checked by the program's build)
+            check_gates_memory(np.shape(options[given])[0], per_gate, given, fam.program.gate_array_kinds[given])
+        return
+    check_gates_memory(check_int("gates", 8 if options["gates"] is None else options["gates"], 1), per_gate)
 
 
 def _owned(a, given):

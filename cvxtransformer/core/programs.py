@@ -150,6 +150,15 @@ class Program:
         self._block_norms = self._log_norm = None
 
     @classmethod
+    def gate_bytes(cls, X, y, T):
+        """Bytes per gate that a solve of this program takes on data ``X``, ``y`` (validated; ``T``
+        encoded) besides the data: what the program forms per gate (masks, gated designs), the torch
+        operator's temporaries per chunk of samples, the coefficients and a solver's copies of them,
+        the evaluation of the recovered heads. 0 for a program without gates; each gated family counts
+        its own, and ``make_problem`` refuses a count of gates that would not fit before any is formed."""
+        return 0
+
+    @classmethod
     def check_targets(cls, name, y):
         """Refuse targets ``y`` (validated, before the loss encodes them) of a shape that program ``name``
         does not take; every shape the loss takes is accepted here."""

@@ -266,12 +266,14 @@ def check_allocation(name, nbytes, what, fix):
                       f"{what} {format_bytes(nbytes)}", fix(room) if callable(fix) else fix)
 
 
-def check_gates_memory(gates, per_gate):
-    """Refuse ``gates`` sampled gates whose arrays, and what the program and its solvers build from
-    them (masks, coefficients Z and the solvers' copies of Z), take ``per_gate`` bytes each, when
-    they would not fit in memory (checked before the gates are sampled)."""
-    check_allocation("gates", gates * per_gate, f"{gates} gates, whose arrays, masks and coefficients take about",
-                     lambda room: f"use fewer gates (--gates); about {int(room // per_gate)} would fit")
+def check_gates_memory(count, per_gate, name="gates", what="gates"):
+    """Refuse ``count`` gates (sampled, or given as the gate array ``name``, one ``what`` each) when a
+    solve with them would not fit in memory (:func:`available_bytes`: available memory, the cgroup's
+    and the address-space limit): ``per_gate`` bytes each, counted by the program
+    (:meth:`~.programs.Program.gate_bytes`), checked before any gate is sampled or used."""
+    fix = "use fewer gates (--gates)" if name == "gates" else f"pass fewer {what} ({name})"
+    check_allocation(name, count * per_gate, f"{count} {what}, whose masks, gated designs and coefficients take "
+                     "about", lambda room: f"{fix}; about {int(room // per_gate)} would fit")
 
 
 def check_gate_arrays(name, a, shape, what, fits):
