@@ -290,3 +290,36 @@ def test_grown_gram_equals_the_gram_of_the_grown_set(monkeypatch, program, n_out
     assert result.certified
     reference = ct.solve(problem, "clarabel", tol=1e-9).certificate.primal_objective
     assert result.certificate.primal_objective == pytest.approx(reference, rel=1e-7)
+
+
+@pytest.mark.parametrize("program, loss", [(8, "squared"), (10, "cross_entropy"), (12, "squared"), ("10wd", "squared"),
+                                           ("12wd", "cross_entropy")])
+def test_fewer_samples_than_coordinates_are_solved_on_the_span_of_each_token(program, loss):
+    """With N <= d / 2 the torch backend solves the program on the span of each token's data (at most N
+    coordinates instead of d): the same optimum (against the solve on every coordinate), a solution in that
+    span, the full program's screened mask, and warm starts mapped through it."""
+    rng = np.random.default_rng(0)
+    N, n, d = 12, 3, 40
+    X = rng.standard_normal((N, n, d))
+    X[:, 1] = X[:, 1, :5] @ rng.standard_normal((5, d))  # token 1 spans 5 dimensions only
+    y = {"squared": X[:, 0, :3] @ rng.standard_normal((3, 2)) + X[:, 1, :2], "cross_entropy": rng.integers(0, 3, N)}
+    P = ct.make_problem(X, y[loss][:, 0] if program == 8 else y[loss], program=program, loss=loss, beta=1.0,
+                        gates=2).with_beta_frac(0.1)
+    Q, small = P.program.on_features()
+    assert Q.shape == (n, d, N) and small.X.shape == (N, n, N) and small.name == P.program.name
+    gram = np.einsum("kdr,kds->krs", Q, Q)
+    np.testing.assert_allclose(gram, np.stack([np.diag((np.arange(N) < r).astype(float)) for r in (N, 5, N)]),
+                               atol=1e-12)  # orthonormal columns, zero beyond each token's rank
+    np.testing.assert_allclose(small.forward(rng.standard_normal(small.shape)).shape, (N, P.program.n_outputs))
+    fewer, every = ct.solve(P, "fista", tol=1e-9), ct.solve(P, "fista", tol=1e-9, features=False)
+    assert fewer.certified and every.certified
+    p = every.certificate.primal_objective
+    assert abs(fewer.certificate.primal_objective - p) <= 2e-9 * p
+    Z4 = fewer.Z.reshape(P.program.canonical_shape)
+    outside = Z4 - np.einsum("hckr,kdr->hckd", np.einsum("hckd,kdr->hckr", Z4, Q), Q)
+    assert np.abs(outside).max() <= 1e-12 * np.abs(Z4).max()  # the solution lies in the span of each token's data
+    assert fewer.screened.shape == every.screened.shape
+    warm = ct.solve(P, "fista", tol=1e-9, init=every.Z)
+    assert warm.certified and warm.iterations <= fewer.iterations
+    assert ct.make_problem(X[:, :, :20], y[loss][:, 0] if program == 8 else y[loss], program=program, loss=loss,
+                           beta=1.0, gates=2).program.on_features() is None  # N > d / 2: every coordinate

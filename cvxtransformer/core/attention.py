@@ -32,6 +32,7 @@ Example
 >>> p.shape, p.forward(np.ones(p.shape)).shape
 ((2, 3, 2), (5, 2))
 """
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -561,6 +562,42 @@ class AttentionProgram(Program):
     def on(self, X):
         """The same program (same gates) on other data ``X`` (N', n, d), e.g. a test split."""
         return type(self)(self.number, np.asarray(X, dtype=float), self.c, self.U1, self.U2)
+
+    def on_features(self):
+        """``(Q, program)``: the program on fewer coordinates per token, where that pays, else None.
+
+        ``Q`` (n, d, r) holds, per token k, an orthonormal basis of the span of its data ``{x_ik}_i`` (of
+        dimension r_k <= min(N, d); columns beyond r_k are zero, r the largest); ``program`` is this program
+        (same gates, masks and outputs) on the coordinates ``Q_k^T x_ik``. Every optimum lies in that span:
+        the outputs read ``Z[j, l, k]`` only through ``x_ik``, and the part of Z outside the span only adds to
+        the regulariser (a group norm, or the nuclear norm of a token's matrix, strictly falls when Z is
+        projected onto it). So ``Z[.., k, :] = Z'[.., k, :] Q_k^T`` maps the solutions Z' of the smaller program
+        onto this one's with the same objective, outputs and dual points (:meth:`lift`, :meth:`restrict`).
+        It pays where r <= d / 2 (fewer samples than coordinates: the native width of a language model,
+        d = 384, with a few hundred sequences). Not for data this program does not hold as one array
+        (memory maps, shards) or one-hot tokens (:class:`TokenOperator` already reads them by lookups)."""
+        if getattr(self, "_features", False) is False:
+            self._features = None
+            N, n, d = self.X.shape
+            if self.shards is None and not file_backed(self.X) and 2 * N <= d and one_hot_tokens(self.X) is None:
+                _, s, Vh = np.linalg.svd(np.asarray(self.X, dtype=float).transpose(1, 0, 2), full_matrices=False)
+                ranks = np.sum(s > s[:, :1] * max(N, d) * np.finfo(float).eps, axis=1)
+                r = max(int(ranks.max()), 1)
+                Q = np.swapaxes(Vh[:, :r], 1, 2) * (np.arange(r) < ranks[:, None])[:, None, :]  # (n, d, r)
+                small = copy.copy(self)
+                small.X = np.einsum("ikd,kdr->ikr", self.X, Q)
+                small.X.flags.writeable = False
+                small.d, small._ops, small._block_norms, small._log_norm, small._features = r, {}, None, None, None
+                self._features = (Q, small)
+        return self._features
+
+    def lift(self, Z, Q):
+        """Coefficients of this program from those of :meth:`on_features`'s program: ``Z'[.., k, :] Q_k^T``."""
+        return np.einsum("...kr,kdr->...kd", Z, Q)
+
+    def restrict(self, Z, Q):
+        """The coordinates of this program's Z in :meth:`on_features`'s bases: ``Z[.., k, :] Q_k``."""
+        return np.einsum("...kd,kdr->...kr", Z, Q)
 
     def _make_operator(self, Xs, device, chunk):
         mask = None if self.mask is None else torch.from_numpy(self.mask).to(device=device, dtype=Xs.dtype)

@@ -32,6 +32,7 @@ import contextlib
 import math
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from cvxtransformer.core.certificate import relative_gap, rounding_floor, verdic
 from cvxtransformer.core.contracts import NEWTON_FACES, TORCH_BACKEND
 from cvxtransformer.core.data import file_backed
 from cvxtransformer.core.errors import SolverError, invalid
+from cvxtransformer.core.problem import ConvexProblem
 from cvxtransformer.core.result import BackendOutput, Check
 from cvxtransformer.core.validation import check_choice, check_positive, check_tol
 
@@ -106,16 +108,19 @@ class ProxGrad(Solver):
         always run on one thread)
     stop : callable(primal, dual) -> bool, checked at every certified check: stop early when true
         (the verifier's refinement uses it)
+    features : "auto" (default): solve on fewer coordinates per token where the program offers it and it
+        pays (``program.on_features``: fewer samples than coordinates; the same optimum, outputs and dual
+        points, Z mapped back), or False
     """
 
     name = "fista"
     forms = ("primal",)
     requires = TORCH_BACKEND
     options = ("device", "dtype", "max_iter", "time_limit", "progress", "chunk_size", "init", "screen",
-               "working_set", "method", "check_every", "p0", "screen_norms", "threads", "stop")
+               "working_set", "method", "check_every", "p0", "screen_norms", "threads", "stop", "features")
     defaults = dict(device="cpu", dtype="float64", max_iter=20_000, time_limit=None, progress=False,
                     chunk_size=None, init=None, screen=True, working_set=True, method="auto", check_every=10,
-                    p0=10, screen_norms="auto", threads=None, stop=None)
+                    p0=10, screen_norms="auto", threads=None, stop=None, features="auto")
 
     def validate(self, problem, form, options):
         super().validate(problem, form, options)
@@ -144,6 +149,8 @@ class ProxGrad(Solver):
             o["init"] = problem.program.check_Z(o["init"], "init")
         if o["stop"] is not None and not callable(o["stop"]):
             raise invalid("stop", "a callable(primal, dual) -> bool or None", repr(o["stop"]))
+        if not (o["features"] is False or o["features"] == "auto"):
+            raise invalid("features", "'auto' or False", repr(o["features"]))
         return o
 
     def solve(self, problem, form="primal", tol=1e-6, verbose=False, atol=None, **options):
@@ -154,6 +161,10 @@ class ProxGrad(Solver):
             raise invalid("form", '"primal" for solver fista', repr(form))
         tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
         o = self.checked_options(problem, options)
+        on_features = o["features"] and getattr(problem.program, "on_features", None)
+        reduced = on_features() if on_features else None
+        if reduced is not None:
+            return self._solve_on_features(problem, reduced, tol, verbose, atol, dict(options, init=o["init"]))
         t_start = time.perf_counter()
         shards = problem.program.shards
         budget = Budget(o["max_iter"], o["time_limit"], shards)
@@ -168,6 +179,26 @@ class ProxGrad(Solver):
                              status=status, build_seconds=run.build_seconds,
                              solve_seconds=t_end - t_start - run.build_seconds, iterations=budget.iterations,
                              history=run.history, screened=run.ws.screened_mask())
+
+
+    def _solve_on_features(self, problem, reduced, tol, verbose, atol, options):
+        """Solve the program on fewer coordinates per token (``program.on_features``) and map the solution
+        back: the same objective, outputs and dual point. Directions of a nuclear norm beyond the fewer
+        coordinates are zero at every optimum (screened)."""
+        Q, small = reduced
+        program = problem.program
+        options["features"] = False
+        if options["init"] is not None:
+            options["init"] = program.restrict(options["init"].reshape(program.canonical_shape), Q).reshape(small.shape)
+        sub = ConvexProblem(small, problem.loss, problem.T, problem.regularizer, problem.classes)
+        out = self.solve(sub, "primal", tol, verbose, atol, **options)
+        screened = out.screened
+        if screened is not None and hasattr(problem.regularizer, "matrices"):
+            _, p, q = problem.regularizer.matrices(program.shape)
+            fill = np.ones(screened.shape[:-1] + (min(p, q) - screened.shape[-1],), dtype=bool)
+            screened = np.concatenate([screened, fill], axis=-1)
+        Z = program.lift(out.Z.reshape(small.canonical_shape), Q).reshape(program.shape)
+        return replace(out, Z=Z, screened=screened)
 
 
 class _Run:

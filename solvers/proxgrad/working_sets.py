@@ -279,7 +279,7 @@ class TokenWorkingSet(BlockWorkingSet):
         return ~self.directions.all(dim=-1)
 
     def scores(self, G):
-        return torch.linalg.matrix_norm(G.transpose(1, 2), ord=2) / self.problem.beta
+        return self.problem.regularizer.spectral_norms(G) / self.problem.beta
 
     def screen(self, G_best, radius):
         """Gap-safe rank test at the best dual point; returns the number of singular directions screened."""
