@@ -140,6 +140,7 @@ class NetworkCertificate:
     program : the name of the convex program that bounds the family (8, 10, 12 or another registered
         family's name: :mod:`cvxtransformer.core.registry`)
     objective : the network's own objective ``sum_i L(yhat_i, y_i) + penalty``, evaluated on the network
+        in float64 (attention rows projected onto the simplex where they were off it by rounding)
     lower_bound : D(V), a certified lower bound on the objective of every network of the family on this
         data and beta, whatever its number of heads (D(V) <= P(Z*) <= that objective)
     gap : ``objective - lower_bound >= objective - (global optimum)``
@@ -177,37 +178,29 @@ SOFTMAX = ("network: softmax attention (3) is not covered: its attention depends
 
 
 def _weights(network):
-    """``(weights, module or None)`` from heads, a dict of arrays or one of the package's nn modules."""
-    import dataclasses
-
+    """``(heads, module or None)`` from heads or a dict of their fields (:func:`~.core.reductions.heads_of`:
+    tensors, float32 values and lists taken, in float64) or one of the package's nn modules (its
+    ``to_weights()``, the same conversion)."""
+    from .core.reductions import heads_of
     from .core.registry import families
 
-    kinds = tuple(dict.fromkeys(f.reduction.heads for f in families().values()))  # each family's heads
-    if isinstance(network, kinds):
-        return network, None
-    if isinstance(network, dict):
-        keys = set(network)
-        if {"Wq", "Wk"} <= keys:
-            raise InvalidInputError(SOFTMAX)
-        fields = {kind: [(f.name, f.default is dataclasses.MISSING) for f in dataclasses.fields(kind)]
-                  for kind in kinds}
-        for kind, named in fields.items():  # the heads whose required fields are there, and no other keys
-            if {n for n, required in named if required} <= keys <= {n for n, _ in named}:
-                return kind(**network), None
-        raise invalid("network", "a dict with " + ", or ".join(
-            ", ".join(n if required else f"({n})" for n, required in named) + f" ({kind.__name__})"
-            for kind, named in fields.items()), f"keys {sorted(keys)}")
+    if isinstance(network, dict) and {"Wq", "Wk"} <= set(network):
+        raise InvalidInputError(SOFTMAX)
+    heads = heads_of(network, "network")
+    if heads is not None:
+        return heads, None
     if getattr(network, "name", None) == "softmax":
         raise InvalidInputError(SOFTMAX)
     if hasattr(network, "to_weights") and hasattr(network, "objective"):
-        return network.to_weights(), network
-    raise invalid("network", ", ".join(kind.__name__ for kind in kinds) + ", a dict of their arrays, or a network "
-                  "of cvxtransformer.nn (one with to_weights and objective)", type(network).__name__,
+        return heads_of(network.to_weights()), network
+    kinds = dict.fromkeys(f.reduction.heads.__name__ for f in families().values())
+    raise invalid("network", ", ".join(kinds) + ", a dict of their arrays, or a network of cvxtransformer.nn (one "
+                  "with to_weights and objective)", type(network).__name__,
                   "map your own module's parameters to the heads (see certify_network)")
 
 
-def _module_objective(module, problem, Z):
-    """The module's own objective on the problem's data; its outputs must be the program's at Z."""
+def _check_module(module, problem, Z):
+    """A module's outputs on the problem's data must be the program's at Z (within its dtype's rounding)."""
     import torch
 
     inputs = module.encode_inputs(problem.program.X)
@@ -221,9 +214,6 @@ def _module_objective(module, problem, Z):
                           f"outputs of shape {tuple(Yhat.shape)} that differ by {worst:.3g}",
                           "build the problem on the network's data, gates (U1, U2) and target layout (per token "
                           "or pooled)")
-        T = torch.as_tensor(problem.T, dtype=Yhat.dtype, device=Yhat.device)
-        objective = float(problem.loss.value(Yhat, T) + module.penalty(problem.beta))
-    return objective
 
 
 BOUND_ROUNDING = 1e-9  # relative excess of D(V) over the objective taken as rounding (both are sums over N)
@@ -267,16 +257,22 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         ``recover_weights`` returns them) or their dict, or a network of :mod:`cvxtransformer.nn`. ``form``: "balanced" (every family) or "lemma1" (heads of
         (9)/(11), whose value vectors are normalised first: see ``Proposition1.objective``); any
         other is refused. Softmax attention (3) is refused:
-        the bound does not cover it (its attention depends on the input).
+        the bound does not cover it (its attention depends on the input). Arrays may be ndarrays,
+        torch tensors (any device, any float dtype, requiring grad or not: taken by value) or nested
+        lists (:func:`~cvxtransformer.core.reductions.heads_of`); everything is computed in float64.
+        Attention rows within their precision's rounding of the simplex (float32 softmaxes sum to 1
+        within about 1e-7) are projected onto it in float64 first: the network certified, whose
+        objective is reported, is the one with the projected rows (its outputs differ from the given
+        network's by that rounding).
     tol, refine, refine_time : as for :func:`certify`
 
     Returns
     -------
     NetworkCertificate
         Always ``lower_bound <= objective`` (a bound above it raises an InvalidInputError, explained).
-        The objective is the network's own, the module's ``objective`` for a module (whose outputs
-        are checked against the program's at Z), the reduction's ``objective`` (in numpy, from the
-        weights) for arrays.
+        The objective is the network's weight-decay objective, the reduction's ``objective``
+        (float64 numpy) at the weights certified; for a module, at its ``to_weights()``, once its own
+        outputs are checked against the program's at Z (to its dtype's rounding).
 
     The penalty is the family's (``NetworkCertificate.penalty`` says it in words). Programs (10) and (12)
     assume ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``, an l1 norm squared on each head's output vector;
@@ -310,8 +306,9 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         raise invalid("problem", "a program whose reduction maps weights to coefficients", problem.program.label)
     weights, module = _weights(network)
     Z = reduction.coefficients(problem, weights)
-    objective = (_module_objective(module, problem, Z) if module is not None
-                 else float(reduction.objective(problem, weights)))
+    if module is not None:
+        _check_module(module, problem, Z)
+    objective = float(reduction.objective(problem, weights))  # in float64, from the weights certified
     cert = certify(problem, Z, tol=tol, refine=refine, refine_time=refine_time)
     lower_bound = _checked_bound(cert.dual_objective, objective, reduction.penalty)
     gap = objective - lower_bound

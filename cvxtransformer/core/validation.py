@@ -64,8 +64,10 @@ def _as_real(name, a, what):
         raise invalid(name, f"a dense array of {what}", f"a scipy sparse {type(a).__name__}",
                       "convert it with .toarray()")
     given = type(a).__name__
-    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):  # a tensor that requires grad: its values
-        a = a.detach().cpu()
+    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):  # a tensor (any device, requiring grad or
+        a = a.detach().cpu()                                               # not): its values
+        if a.is_floating_point() and a.element_size() < 4:  # float16, bfloat16 (which numpy lacks): exact in float32
+            a = a.float()
     try:
         a = np.asarray(a)
     except (TypeError, ValueError):  # ragged nested lists

@@ -1,0 +1,180 @@
+"""Issue #44, items 4, 5, 8 and 9: heads as torch gives them (tensors, float32, requiring grad, on any
+device, lists) for every registered family, exact gate ties of the gated MHSA masks, and what a new user
+met (plots, help, progress in logs, the docs extra). The bad-input rows of items 5 and 9 are in
+tests/test_bad_input_walk.py."""
+import dataclasses
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import cvxtransformer as ct
+from cvxtransformer.core.registry import families
+
+from conftest import CASES, cuda, random_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+# one case per registered family (its first, a squared loss for every built-in family)
+FAMILY_CASES = [next(c for c in CASES if c[0] == name) for name in families()]
+FAMILY_IDS = [f"p{c[0]}" for c in FAMILY_CASES]
+
+
+def family_heads(problem, seed=0):
+    """Heads of the problem's family, generically: its reduction's ``invert`` of a random Z."""
+    Z = 0.3 * np.random.default_rng(seed).standard_normal(problem.program.shape)
+    return problem.reduction.invert(problem, Z)
+
+
+def as_fields(heads, convert):
+    """The heads' fields, each array field converted by ``convert(array)`` (strings and None kept)."""
+    return {f.name: (convert(v) if isinstance(v, np.ndarray) else v)
+            for f in dataclasses.fields(heads) for v in [getattr(heads, f.name)]}
+
+
+def rounded(heads, dtype=np.float32):
+    """The heads with their float fields rounded to ``dtype`` and back to float64 (the values a tensor of
+    that dtype holds), as plain float64 numpy: the reference the other forms are compared with."""
+    return dataclasses.replace(heads, **{k: v.astype(dtype).astype(float) if v.dtype.kind == "f" else v
+                                         for k, v in as_fields(heads, lambda a: a).items() if isinstance(v, np.ndarray)})
+
+
+def tensors(heads, dtype=torch.float32, device="cpu", grad=True):
+    """Every array field as a tensor on ``device``; float fields in ``dtype``, requiring grad."""
+    def convert(a):
+        if a.dtype.kind == "f":
+            return torch.tensor(a, dtype=dtype, device=device, requires_grad=grad)
+        return torch.tensor(a, device=device)
+    return as_fields(heads, convert)
+
+
+# ----------------------------------------------------------------------------- item 4: heads as torch gives them
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=FAMILY_IDS)
+def test_heads_in_every_form_torch_and_numpy_give_are_the_same_network(case):
+    """Tensors (float32, requiring grad), float32 ndarrays, nested lists and float64 tensors: the same
+    objective, coefficients and certificate as the float64 ndarrays of the same values, for every family.
+    Before: tensors gave a TypeError or torch's RuntimeError, float32 penalties were summed in float32
+    (objectives off by about 1e-8 relative), lists an AttributeError."""
+    problem = random_problem(*case, seed=1)
+    heads = family_heads(problem, seed=2)
+    reference = rounded(heads)  # float64 ndarrays holding float32 values
+    expected = ct.nonconvex_objective(problem, reference)
+    Z = problem.reduction.coefficients(problem, reference)
+    forms = {"float32 tensors requiring grad": tensors(heads),
+             "float64 tensors requiring grad": tensors(reference, torch.float64),
+             "float32 ndarrays": as_fields(heads, lambda a: a.astype(np.float32) if a.dtype.kind == "f" else a),
+             "nested lists": as_fields(reference, lambda a: a.tolist()),
+             "the heads' dataclass of tensors": dataclasses.replace(heads, **{
+                 k: v for k, v in tensors(heads).items() if isinstance(v, torch.Tensor)})}
+    for name, form in forms.items():
+        assert ct.nonconvex_objective(problem, form) == pytest.approx(expected, rel=1e-14, abs=0), name
+        cert = ct.certify_network(problem, form, refine=False)
+        np.testing.assert_array_equal(cert.Z, Z, err_msg=name)
+        assert cert.objective == pytest.approx(expected, rel=1e-14, abs=0), name
+        assert cert.lower_bound <= cert.objective and cert.heads == heads.heads, name
+    # the float64 reference is the program's own P(Z) where the heads are Z's own (the invert of Z)
+    assert ct.nonconvex_objective(problem, heads) == pytest.approx(problem.primal_objective(heads_Z(problem, heads)),
+                                                                   rel=1e-9)
+
+
+def heads_Z(problem, heads):
+    return problem.reduction.coefficients(problem, heads)
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=FAMILY_IDS)
+def test_optimal_heads_rounded_to_float32_are_certified_never_impossible(case):
+    """The optimal heads of an exact solve, rounded to float32 tensors (a network trained in torch's
+    default dtype at the optimum): its objective, computed in float64, is never below the certified
+    bound (a float32 sum of the penalty once refused a gated-MHSA network as 'impossible')."""
+    problem = random_problem(*case, seed=3)
+    solved = ct.solve(problem, "clarabel", tol=1e-9)
+    heads = ct.recover_weights(problem, solved.Z)
+    cert = ct.certify_network(problem, tensors(heads))
+    optimum = solved.certificate.primal_objective
+    assert cert.lower_bound <= cert.objective and cert.gap >= 0
+    assert cert.lower_bound <= optimum * (1 + 1e-9)
+    assert cert.objective == pytest.approx(ct.nonconvex_objective(problem, rounded(heads)), rel=1e-14)
+    assert cert.relative_gap < 1e-5  # float32 rounding of the optimal heads
+
+
+@cuda
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=FAMILY_IDS)
+def test_heads_on_the_gpu_are_moved_to_the_cpu(case):
+    problem = random_problem(*case, seed=1)
+    heads = family_heads(problem, seed=2)
+    on_cpu = ct.certify_network(problem, tensors(heads), refine=False)
+    on_gpu = ct.certify_network(problem, tensors(heads, device="cuda"), refine=False)
+    np.testing.assert_array_equal(on_gpu.Z, on_cpu.Z)
+    assert on_gpu.objective == on_cpu.objective
+    assert ct.nonconvex_objective(problem, tensors(heads, device="cuda")) == on_cpu.objective
+
+
+def by_hand_objective(X, Y, W1, W2, W3, beta):
+    """Network (9)'s squared-loss objective: 1/2 sum (sum_j (w1_j^T X_i w2_j) w3_j - y_i)^2 + beta/2 (||W2||^2
+    + sum_j ||w3_j||_1^2)."""
+    out = np.einsum("jk,ikd,jd->ij", W1, X, W2) @ W3
+    return 0.5 * np.sum((out - Y) ** 2) + beta / 2 * (np.sum(W2 ** 2) + np.sum(np.abs(W3).sum(axis=1) ** 2))
+
+
+def test_float32_softmax_rows_are_projected_and_the_projected_network_certified():
+    """torch's softmax in float32 sums to 1 within float32's rounding, not float64's 1e-9 (it was refused as
+    'row sums off by 2.2e-08'): the rows are projected onto the simplex in float64 and the network certified,
+    and reported, is the projected one (its objective by hand, rows shifted back onto the simplex)."""
+    rng = np.random.default_rng(0)
+    N, n, d, c, m = 40, 7, 3, 2, 6
+    X, Y = rng.standard_normal((N, n, d)), rng.standard_normal((N, c))
+    problem = ct.make_problem(X, Y, program=10, beta=1.0).with_beta_frac(0.2)
+    logits = torch.tensor(rng.standard_normal((m, n)), dtype=torch.float32, requires_grad=True)
+    W1 = torch.softmax(logits, dim=1)  # float32, part of a graph that requires grad
+    W2 = torch.tensor(rng.standard_normal((m, d)), dtype=torch.float32, requires_grad=True)
+    W3 = torch.tensor(rng.standard_normal((m, c)), dtype=torch.float32, requires_grad=True)
+    rows = W1.detach().double().numpy()
+    off = np.abs(rows.sum(axis=1) - 1)
+    assert off.max() > 1e-9  # float64's old tolerance: the case that was refused
+    cert = ct.certify_network(problem, dict(W1=W1, W2=W2, W3=W3))
+    projected = rows - (rows.sum(axis=1, keepdims=True) - 1) / n  # the projection of rows with every entry > 0
+    assert projected.min() > 0
+    W2_, W3_ = W2.detach().double().numpy(), W3.detach().double().numpy()
+    assert cert.objective == pytest.approx(by_hand_objective(X, Y, projected, W2_, W3_, problem.beta), rel=1e-13)
+    np.testing.assert_allclose(cert.Z, np.einsum("jl,jk,jd->lkd", W3_, projected, W2_), rtol=1e-13, atol=1e-15)
+    assert cert.lower_bound <= cert.objective
+    assert ct.nonconvex_objective(problem, dict(W1=W1, W2=W2, W3=W3)) == cert.objective
+    # off by far more than float32's rounding: refused, in one line naming the rows
+    for bad in (W1 * 1.001, torch.full((m, n), 1.0 / n, dtype=torch.float64) + 1e-9):
+        with pytest.raises(ct.InvalidInputError, match=r"^weights.W1: expected attention rows on the simplex") as info:
+            ct.certify_network(problem, dict(W1=bad, W2=W2, W3=W3))
+        assert "\n" not in str(info.value)
+
+
+def test_a_float32_network_of_the_package_is_certified_in_float64():
+    """A module of cvxtransformer.nn in float32 (its rows projected onto the simplex in float32): certified
+    at its to_weights() (float64 arrays of float32 values, held to float32's rounding), objective in float64
+    within float32's rounding of the module's own."""
+    from cvxtransformer.nn.networks import AlternativeAttention
+    from cvxtransformer.nn.trainer import train
+
+    rng = np.random.default_rng(1)
+    X, Y = rng.standard_normal((40, 5, 3)), rng.standard_normal((40, 2))
+    problem = ct.make_problem(X, Y, program=10, beta=1.0).with_beta_frac(0.2)
+    net = train(AlternativeAttention(5, 3, 2, 4, dtype=torch.float32), X, problem.T, "squared", problem.beta,
+                steps=40).network
+    own = net.objective(net.encode_inputs(X), problem.T, "squared", problem.beta).item()
+    a, b = ct.certify_network(problem, net), ct.certify_network(problem, net.to_weights())
+    assert a.objective == b.objective == ct.nonconvex_objective(problem, net.to_weights())
+    assert a.objective == pytest.approx(own, rel=1e-5) and a.lower_bound <= a.objective
+
+
+def test_the_issues_list_example_is_certified():
+    """``certify_network(P, dict(W1=[[1/3]*3], W2=[[1, 1]], W3=[[1]]))`` raised an AttributeError."""
+    rng = np.random.default_rng(2)
+    X, y = rng.standard_normal((20, 3, 2)), rng.standard_normal(20)
+    problem = ct.make_problem(X, y, program=8, beta=1.0)
+    cert = ct.certify_network(problem, dict(W1=[[1 / 3] * 3], W2=[[1, 1]], W3=[[1]]))
+    assert cert.objective == pytest.approx(by_hand_objective(X, y[:, None], np.full((1, 3), 1 / 3), np.ones((1, 2)),
+                                                             np.ones((1, 1)), 1.0), rel=1e-13)
+    assert cert.heads == 1 and cert.lower_bound <= cert.objective
