@@ -15,6 +15,8 @@ once ``g_r <= max(1e-13 D(V_r), 0.1 (P(Z) - P(Z_r)))``, where the reported gap i
 of ``P(Z) - P(Z_r) <= P(Z) - p*``, the true suboptimality (or at the floor, or at float64's rounding
 floor of P, or at ``refine_time``).
 """
+import math
+import numbers
 import time
 from dataclasses import asdict, dataclass
 
@@ -97,6 +99,9 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
     (False, True)
     """
     tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
+                                 or math.isnan(deadline)):
+        raise invalid("deadline", "None or a time.perf_counter() value", repr(deadline))
     Z = check_problem(problem).check_data().program.check_Z(Z)
     candidates = {}
     if V is not None:

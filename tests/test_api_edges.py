@@ -180,6 +180,40 @@ def test_the_issues_list_example_is_certified():
     assert cert.heads == 1 and cert.lower_bound <= cert.objective
 
 
+# ----------------------------------------------------------------------------- item 5: raw exceptions of the API
+def test_solve_path_takes_the_cvxpy_solvers():
+    """``solve_path(P, n_betas=3, solver="clarabel")`` raised a TypeError: each beta is solved by Clarabel from
+    scratch, certified, with the optima of the warm-started torch path."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 4, 3))
+    problem = ct.make_problem(X, X[:, 1, :2], program=10, beta=1.0)
+    cvxpy_path = ct.solve_path(problem, n_betas=3, solver="clarabel")
+    torch_path = ct.solve_path(problem, n_betas=3)
+    assert [p.beta for p in cvxpy_path] == [p.beta for p in torch_path]
+    for a, b in zip(cvxpy_path, torch_path):
+        assert a.certified and b.certified and a.result.solver == "clarabel" and b.result.solver == "fista"
+        assert a.result.certificate.primal_objective == pytest.approx(b.result.certificate.primal_objective, rel=1e-6)
+
+
+def test_cvxpy_budgets_of_none_are_no_budget_and_a_huge_heartbeat_is_no_thread_traceback():
+    """``max_iter=None``, ``time_limit=None`` reached Clarabel and SCS as None (their own TypeError); a
+    heartbeat of 1e308 s overflowed the waiting thread's timeout (a traceback printed by the thread)."""
+    import threading
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 4, 3))
+    problem = ct.make_problem(X, X[:, 1, :2], program=10, beta=1.0).with_beta_frac(0.3)
+    failures = []
+    previous, threading.excepthook = threading.excepthook, failures.append
+    try:
+        for solver in ("clarabel", "scs"):
+            result = ct.solve(problem, solver, max_iter=None, time_limit=None, heartbeat_after=1e308)
+            assert result.certified, solver
+    finally:
+        threading.excepthook = previous
+    assert failures == []
+
+
 # ----------------------------------------------------------------------------- item 8: exact gate ties
 def antisymmetric(P, d, rng):
     B = rng.standard_normal((P, d, d))

@@ -102,7 +102,7 @@ def configure(p):
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisations and mini-batches")
     p.add_argument("--eval-every", type=positive_int, default=None, help="steps between metric evaluations")
     p.add_argument("--solver", choices=("auto", "clarabel", "scs", "fista"), default="auto", help="convex solver")
-    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in (0, 1)")
+    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in [1e-15, 1)")
     tune = p.add_argument_group("tuning on the validation split (Section 4 of the paper)")
     tune.add_argument("--tune", action="store_true",
                       help="tune the learning rate and beta of every model on X_val, y_val of DATA, report on the "

@@ -376,7 +376,7 @@ def _solved_by(res):
 
     try:
         solved = json.loads(str(res["summary"]))
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, RecursionError):
         return {}
     return {k: solved[k] for k in ("form", "solver") if isinstance(solved, dict) and isinstance(solved.get(k), str)}
 
@@ -406,7 +406,7 @@ def _stored_fingerprint(res):
         return None
     try:
         out = json.loads(str(res["fingerprint"].reshape(()).item()))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # not JSON, not one string, nested too deep
         out = None
     if not isinstance(out, dict) or out.get("hash") != "sha256":
         raise InvalidInputError("RESULT: its fingerprint is not one that cvxtransformer solve writes; remove it to "
@@ -440,7 +440,7 @@ def _gates(args, data, res, note=True):
 # ----------------------------------------------------------------------------- demo
 def configure_demo(p):
     p.add_argument("--seed", type=int, default=0, help="seed of the data, the network and its training")
-    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in (0, 1)")
+    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in [1e-15, 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 

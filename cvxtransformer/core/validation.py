@@ -42,9 +42,24 @@ def check_fraction(name, value, what="a number in (0, 1)"):
     return float(value)
 
 
+TOL_FLOOR = 1e-15  # the smallest relative gap tolerance taken: float64 resolves P and D to about 1e-16 of them
+
+
 def check_tol(tol, name="tol"):
-    """A relative duality gap tolerance: 0 < tol < 1."""
-    return check_fraction(name, tol, "a relative gap in (0, 1), e.g. 1e-6")
+    """A relative duality gap tolerance: ``TOL_FLOOR <= tol < 1`` (below it the gap is rounding, and a tol of
+    1e-320 certified nothing but printed a negative relative gap)."""
+    tol = check_fraction(name, tol, "a relative gap in (0, 1), e.g. 1e-6")
+    if tol < TOL_FLOOR:
+        raise invalid(name, f"a relative gap in [{TOL_FLOOR:g}, 1) (float64 resolves no smaller one)", repr(tol),
+                      "pass 1e-15 or more, or an absolute tolerance (atol) near interpolation")
+    return tol
+
+
+def check_bool(name, value):
+    """True or False (numpy's bools too): a string such as "no" is refused, never taken for its truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise invalid(name, "True or False", repr(value))
+    return bool(value)
 
 
 def check_choice(name, value, choices):
