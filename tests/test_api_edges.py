@@ -317,3 +317,51 @@ def test_ci_builds_the_docs_on_the_readmes_set_up_before_the_other_extras():
         ci.index("python -m sphinx -W")
     others = ci.index('install --quiet -e ".[test,bench,bert,sklearn]"')
     assert minimal < docs < sphinx < others
+
+
+def objective_figure(path, collapsed=False):
+    from cvxtransformer.comparison.plots import plot_objective
+
+    t = np.linspace(0.0, 2.0, 11)
+    runs = {"alternative (9)": dict(model="alternative", seconds=t, objective=10 - t, lower_bound=7.5,
+                                    bounding_program=10, collapsed=collapsed),
+            "softmax (3)": dict(model="softmax", seconds=t, objective=12 - t, lower_bound=None),
+            "relu_mhsa": dict(model="relu_mhsa", seconds=t, objective=11 - t, lower_bound=None)}
+    convex = {10: dict(primal_objective=8.0, dual_objective=7.5, solve_seconds=0.25, refine_seconds=0.05)}
+    return plot_objective(runs, convex, path)
+
+
+def test_the_objective_plot_marks_the_convex_solve_and_says_what_the_bound_covers(tmp_path):
+    fig = objective_figure(tmp_path / "objective.png")
+    time_axes, step_axes = fig.axes[0], fig.axes[1]
+    labels = [t.get_text() for t in time_axes.get_legend().get_texts()]
+    assert "alternative (9): bounded by program (10)" in labels
+    assert "softmax (3): no bound covers it" in labels and "relu_mhsa: no bound covers it" in labels
+    star = [line for line in time_axes.lines if line.get_marker() == "*"]
+    assert len(star) == 1 and star[0].get_xdata()[0] == pytest.approx(0.3) and star[0].get_ydata()[0] == 8.0
+    assert "convex (10) solved and certified: 0.3 s" in labels
+    assert "x" not in step_axes.get_title() and not [line for line in step_axes.lines if line.get_marker() == "x"]
+
+
+def test_the_collapsed_cross_is_drawn_and_explained_where_the_title_announces_it(tmp_path):
+    step_axes = objective_figure(tmp_path / "objective.png", collapsed=True).axes[1]
+    assert step_axes.get_title() == "Objective against step (x: collapsed network)"
+    crosses = [line for line in step_axes.lines if line.get_marker() == "x" and len(line.get_xdata())]
+    assert len(crosses) == 1 and crosses[0].get_xdata()[0] == 10 and crosses[0].get_ydata()[0] == 8.0
+    assert "x: collapsed (learned nothing)" in [t.get_text() for t in step_axes.get_legend().get_texts()]
+
+
+def test_compare_examples_relative_gap_is_the_tools():
+    """docs/compare_example.md's percentages are the tool's relative gap, (objective - D(V)) / D(V), read from
+    the compare.json beside them (the page showed gap / objective)."""
+    page = (ROOT / "docs" / "compare_example.md").read_text()
+    for name in ("softmax_teacher", "simplex_teacher"):
+        summary = json.loads((ROOT / "docs" / "figures" / "compare_example" / name / "compare.json").read_text())
+        section = page.split(f"figures/compare_example/{name}/objective.png")[0].rsplit("| model |", 1)[1]
+        for model, m in summary["models"].items():
+            if m["certified_gap"] is None:
+                continue
+            relative = m["certified_gap"] / m["certified_lower_bound"]
+            assert m["relative_certified_gap"] == pytest.approx(relative, rel=1e-12)
+            row = next(line for line in section.splitlines() if line.startswith(f"| {model} "))
+            assert f"**{m['certified_gap']:.2f}** ({100 * relative:.1f} %)" in row, row
