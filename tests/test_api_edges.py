@@ -365,3 +365,21 @@ def test_compare_examples_relative_gap_is_the_tools():
             assert m["relative_certified_gap"] == pytest.approx(relative, rel=1e-12)
             row = next(line for line in section.splitlines() if line.startswith(f"| {model} "))
             assert f"**{m['certified_gap']:.2f}** ({100 * relative:.1f} %)" in row, row
+
+
+def test_the_top_level_help_lists_every_family_and_solve_out_every_gate_array(capsys):
+    from cvxtransformer.cli import main
+    from cvxtransformer.core import registry
+
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for name, line in registry.builtin_names().items():
+        assert f"  {name}: {line}\n" in text
+    assert main(["solve", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    out = text.split("--out RESULT.npz write")[1].split("--verbose")[0]
+    for array in registry.gate_arrays():  # every registered family's, G of the mixer included
+        assert re.search(rf"\b{array} \(", out), (array, out)
+    # the static list the help reads (no family module imported) is the families' own
+    assert {name: tuple(arrays) for name, arrays in registry.BUILTIN_GATE_ARRAYS.items()} == {
+        name: fam.gate_arrays for name, fam in registry.families().items() if fam.gate_arrays}
