@@ -383,3 +383,46 @@ def test_the_top_level_help_lists_every_family_and_solve_out_every_gate_array(ca
     # the static list the help reads (no family module imported) is the families' own
     assert {name: tuple(arrays) for name, arrays in registry.BUILTIN_GATE_ARRAYS.items()} == {
         name: fam.gate_arrays for name, fam in registry.families().items() if fam.gate_arrays}
+
+
+def compare_argv(tmp_path, *extra):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 4, 3))
+    np.savez(tmp_path / "d.npz", X=X, y=X[:, 1, :2])
+    return ["compare", str(tmp_path / "d.npz"), "--program", "10", "--loss", "squared", "--beta-frac", "0.3",
+            "--models", "alternative", "--steps", "30", "--out-dir", str(tmp_path / "out"), *extra]
+
+
+def test_compare_writes_plain_progress_lines_into_a_log_and_nothing_with_quiet(tmp_path, capsys):
+    """stderr that is not a terminal (a log): no tqdm bar (its redraws, \\r), a plain line per run at the end
+    (and every 30 s); --quiet: none."""
+    from cvxtransformer.cli import main
+
+    assert main(compare_argv(tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "it/s" not in err
+    assert re.search(r"^alternative \(adam\): step 30/30, objective [\d.e+-]+, [\d.]+ s$", err, re.M), err
+    assert main(compare_argv(tmp_path, "--quiet")) == 0
+    assert "step 30/30" not in capsys.readouterr().err
+
+
+def test_progress_draws_a_bar_on_a_terminal_only():
+    from cvxtransformer.nn.trainer import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, log = Terminal(), io.StringIO()
+    bars = {}
+    for stream in (tty, log):
+        bars[stream] = bar = Progress(5, "run", True, stream=stream, every=0.0)
+        for _ in range(5):
+            bar.update(objective=2.0)
+        bar.close()
+    assert bars[tty].bar is not None and bars[log].bar is None  # tqdm's bar on the terminal only
+    assert "run:" in tty.getvalue() and log.getvalue().splitlines()[-1].startswith("run: step 5/5, objective 2, ")
+    assert "\r" not in log.getvalue() and len(log.getvalue().splitlines()) == 6  # every=0: each step, and the end
+    silent = io.StringIO()
+    Progress(5, "run", False, stream=silent).close()
+    assert silent.getvalue() == ""
