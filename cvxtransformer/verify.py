@@ -204,21 +204,29 @@ def _weights(network):
                   "map your own module's parameters to the heads (see certify_network)")
 
 
-def _check_module(module, problem, Z):
-    """A module's outputs on the problem's data must be the program's at Z (within its dtype's rounding)."""
+def _module_objective(module, problem, Z):
+    """``(objective, eps)``: a module's own objective on the problem's data, evaluated in float64 on the CPU
+    (a copy of the module; its masks, if any, computed in float64 as the program's are), and the machine
+    epsilon of the module's own dtype. Its outputs must be the program's at Z to that dtype's rounding."""
+    import copy
+
     import torch
 
+    eps = torch.finfo(getattr(module, "dtype", torch.float64)).eps
+    module = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
+    module.dtype, module.device = torch.float64, torch.device("cpu")  # what encode_inputs reads
     inputs = module.encode_inputs(problem.program.X)
     with torch.no_grad():
         Yhat = module(*inputs)
         expected = problem.program.forward(Z)
-        worst = (float(torch.max(torch.abs(Yhat - torch.as_tensor(expected, dtype=Yhat.dtype, device=Yhat.device))))
-                 if tuple(Yhat.shape) == expected.shape else np.inf)
-        if not worst <= 1e3 * torch.finfo(Yhat.dtype).eps * max(1.0, float(np.max(np.abs(expected)))):
+        worst = float(np.max(np.abs(Yhat.numpy() - expected))) if tuple(Yhat.shape) == expected.shape else np.inf
+        if not worst <= 1e3 * eps * max(1.0, float(np.max(np.abs(expected)))):
             raise invalid("network", f"outputs equal to those of {problem.program.label} at its coefficients",
                           f"outputs of shape {tuple(Yhat.shape)} that differ by {worst:.3g}",
                           "build the problem on the network's data, gates (U1, U2) and target layout (per token "
                           "or pooled)")
+        T = torch.as_tensor(problem.T, dtype=torch.float64)
+        return float(problem.loss.value(Yhat, T) + module.penalty(problem.beta)), eps
 
 
 BOUND_ROUNDING = 1e-9  # relative excess of D(V) over the objective taken as rounding (both are sums over N)
@@ -277,7 +285,9 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         Always ``lower_bound <= objective`` (a bound above it raises an InvalidInputError, explained).
         The objective is the network's weight-decay objective, the reduction's ``objective``
         (float64 numpy) at the weights certified; for a module, at its ``to_weights()``, once its own
-        outputs are checked against the program's at Z (to its dtype's rounding).
+        outputs (a float64 copy of it) are checked against the program's at Z, to its dtype's
+        rounding; a module whose own objective is below the family's at its weights beyond that
+        rounding (another penalty) and below the bound is refused, as any network below the bound.
 
     The penalty is the family's (``NetworkCertificate.penalty`` says it in words). Programs (10) and (12)
     assume ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``, an l1 norm squared on each head's output vector;
@@ -311,10 +321,11 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         raise invalid("problem", "a program whose reduction maps weights to coefficients", problem.program.label)
     weights, module = _weights(network)
     Z = reduction.coefficients(problem, weights)
-    if module is not None:
-        _check_module(module, problem, Z)
+    own = None if module is None else _module_objective(module, problem, Z)  # (objective, eps of its dtype)
     objective = float(reduction.objective(problem, weights))  # in float64, from the weights certified
     cert = certify(problem, Z, tol=tol, refine=refine, refine_time=refine_time)
+    if own is not None and own[0] < objective - 1e3 * own[1] * max(1.0, abs(objective)):
+        _checked_bound(cert.dual_objective, own[0], reduction.penalty)  # its penalty is below the family's
     lower_bound = _checked_bound(cert.dual_objective, objective, reduction.penalty)
     gap = objective - lower_bound
     return NetworkCertificate(network=reduction.equations.get(problem.program.name, ""), program=problem.program.name,
