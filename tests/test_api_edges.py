@@ -77,6 +77,13 @@ def test_heads_in_every_form_torch_and_numpy_give_are_the_same_network(case):
         np.testing.assert_array_equal(cert.Z, Z, err_msg=name)
         assert cert.objective == pytest.approx(expected, rel=1e-14, abs=0), name
         assert cert.lower_bound <= cert.objective and cert.heads == heads.heads, name
+    # Z as torch gives it (float32, requiring grad), to recover_weights and certify: the float64 values' results
+    Zt = torch.tensor(Z, dtype=torch.float32, requires_grad=True)
+    Z32 = Zt.detach().double().numpy()
+    back, expected_heads = ct.recover_weights(problem, Zt), ct.recover_weights(problem, Z32)
+    for field, value in as_fields(expected_heads, lambda a: a).items():
+        np.testing.assert_array_equal(getattr(back, field), value)
+    assert ct.certify(problem, Zt, refine=False).primal_objective == ct.certify(problem, Z32, refine=False).primal_objective
     # the float64 reference is the program's own P(Z) where the heads are Z's own (the invert of Z)
     assert ct.nonconvex_objective(problem, heads) == pytest.approx(problem.primal_objective(heads_Z(problem, heads)),
                                                                    rel=1e-9)
