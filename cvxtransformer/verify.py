@@ -69,7 +69,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
     V : optional candidate dual point (N, n_outputs) (or (N,) with one output), e.g. a solver's
         multipliers; it is made feasible here and used only if it gives a better bound
     tol : the relative gap ``(P(Z) - D(V)) / D(V)`` below which the solution is reported ``certified``
-        (0 < tol < 1): then ``(P(Z) - p*) / p* <= relative_gap <= tol``, at every scale of the data
+        (1e-15 <= tol < 1): then ``(P(Z) - p*) / p* <= relative_gap <= tol``, at every scale of the data
     refine : True: compute a refined dual point (see the module docstring), unless the gap is
         already at the floor 1e-13 (or at float64's rounding floor of P); "auto": only when the
         gap does not certify; False: never
