@@ -458,7 +458,7 @@ def test_usage_errors_name_the_argument(capsys, argv, match):
     ("energy", ["--model", "bogus", "--out-dir", "{dir}"], r"--model: expected one of 'unfolded', 'standard'"),
     ("grok-suite", ["--settings", "97:x", "--out-dir", "{dir}"], r"--settings: expected items P:L"),
     ("compare", ["--models", "bogus", "--out-dir", "{dir}"], r"--models: expected a comma-separated list"),
-    ("compare", ["--heads", "0", "--out-dir", "{dir}"], r"--heads: expected an integer >= 1"),
+    ("compare", ["--heads", "0", "--out-dir", "{dir}"], r"--heads: expected an integer in \[1, 1000000\]"),
 ])
 def test_output_folders_and_options_of_the_other_commands(tmp_path, capsys, data, command, argv, match):
     a_file = tmp_path / "a_file"
