@@ -358,6 +358,23 @@ def test_the_collapsed_cross_is_drawn_and_explained_where_the_title_announces_it
     assert "x: collapsed (learned nothing)" in [t.get_text() for t in step_axes.get_legend().get_texts()]
 
 
+def test_the_plots_of_runs_that_diverged_at_once_are_drawn(tmp_path):
+    """compare --lr 1e308: every network diverged at its first step (objective NaN), and drawing the plots
+    raised matplotlib's "Data cannot be log-scaled" from compare (a traceback, after the runs)."""
+    from cvxtransformer.comparison.plots import plot_objective, plot_test_loss
+
+    t, nan = np.array([0.0, 0.003]), np.array([68.9, np.nan])
+    runs = {name: dict(model=model, seconds=t, objective=nan, lower_bound=bound, eval_seconds=t, loss_sum=nan,
+                       test_loss=np.full(2, np.nan))
+            for name, model, bound in (("alternative (9)", "alternative", 7.0), ("softmax (3)", "softmax", None))}
+    convex = {10: dict(primal_objective=8.0, dual_objective=7.5, loss_sum=3.0, solve_seconds=0.1, test_loss=0.5)}
+    fig = plot_objective(runs, convex, tmp_path / "objective.png")
+    assert (tmp_path / "objective.png").stat().st_size > 0
+    assert [len(line.get_xdata()) for line in fig.axes[1].lines if line.get_label() in runs] == [0, 0]
+    plot_test_loss(runs, convex, tmp_path / "test_loss.png")
+    assert (tmp_path / "test_loss.png").stat().st_size > 0
+
+
 def test_compare_examples_relative_gap_is_the_tools():
     """docs/compare_example.md's percentages are the tool's relative gap, (objective - D(V)) / D(V), read from
     the compare.json beside them (the page showed gap / objective)."""

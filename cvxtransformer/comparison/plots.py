@@ -61,6 +61,14 @@ def _positive_floor(values):
     return max(finite.min() * 0.5, 1e-16) if finite.size else 1e-16
 
 
+def _shown(x, y):
+    """The points of a curve that log axes can show: x > 0 (time or step) and y finite and > 0 (a run
+    that diverged ends where it did: its NaN left a log axis with nothing to scale)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = (x > 0) & np.isfinite(y) & (y > 0)
+    return x[keep], y[keep]
+
+
 def _style(i):
     return ["-", "--", "-.", ":"][i % 4]
 
@@ -78,10 +86,21 @@ def _subplots(nrows, ncols, figsize, layout=None, **kwargs):
 def _log_time_axis(ax):
     from matplotlib.ticker import LogLocator, NullFormatter
 
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(numticks=6))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    if _log_scale(ax, "x"):
+        ax.xaxis.set_major_locator(LogLocator(numticks=6))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("training time (s)")
+
+
+def _log_scale(ax, axis):
+    """A log scale on ``axis`` ("x" or "y") of ``ax`` where its data has a value > 0 to scale (every run
+    diverged at its first step leaves none, and a log axis without data cannot be drawn); True if set."""
+    lim = ax.dataLim
+    top = lim.x1 if axis == "x" else lim.y1
+    if not (np.isfinite(top) and top > 0):
+        return False
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    return True
 
 
 def plot_objective(runs, convex, path, title=""):
@@ -112,22 +131,20 @@ def plot_objective(runs, convex, path, title=""):
         grid[1, 0].axis("off")
     seen, covered = {}, {}  # covered: each run's legend entry, saying whether the bound covers it
     for name, run in runs.items():
-        steps = np.arange(len(run["objective"]))
-        t, objective = np.asarray(run["seconds"]), np.asarray(run["objective"])
-        t, objective = t[t > 0], objective[t > 0]  # log time axis: from the end of the first step
+        t, objective = _shown(run["seconds"], run["objective"])  # log time axis: from the end of the first step
+        steps, by_step = _shown(np.arange(len(run["objective"])), run["objective"])
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
         style = dict(color=_colour(run["model"]), ls=_style(i), label=name)
         covered[name] = _bound_label(name, run)
         ax.plot(t, objective, **style)
-        ax_steps.plot(steps[1:], np.asarray(run["objective"])[1:], **style)
+        ax_steps.plot(steps, by_step, **style)
         if run.get("collapsed"):  # a cross on the last point of a network that learned nothing
-            for a, x in ((ax, t), (ax_steps, steps)):
+            for a, x, y in ((ax, t, objective), (ax_steps, steps, by_step)):
                 if len(x):
-                    a.plot(x[-1], run["objective"][-1], "x", color=style["color"], ms=10, mew=2)
+                    a.plot(x[-1], y[-1], "x", color=style["color"], ms=10, mew=2)
         if with_loss and "loss_sum" in run:
-            te, loss = np.asarray(run["eval_seconds"]), np.asarray(run["loss_sum"])
-            axes[1].plot(te[te > 0], loss[te > 0], **style)
-        if run.get("lower_bound") is not None:
+            axes[1].plot(*_shown(run["eval_seconds"], run["loss_sum"]), **style)
+        if run.get("lower_bound") is not None and len(t):
             gap = objective - run["lower_bound"]
             ax_gap.plot(t, np.maximum(gap, _positive_floor(gap)), **style)
     for program, cv in convex.items():
@@ -142,12 +159,12 @@ def plot_objective(runs, convex, path, title=""):
         if with_loss and cv.get("loss_sum") is not None:
             axes[1].axhline(cv["loss_sum"], label=f"convex ({program}), exact", **style)
     _log_time_axis(ax)
-    ax.set_yscale("log")
+    _log_scale(ax, "y")
     ax.set_ylabel("objective (sum of losses + regulariser)")
     ax.set_title(title or "Objective against time")
     _legend(ax, covered)
-    ax_steps.set_xscale("log")
-    ax_steps.set_yscale("log")
+    _log_scale(ax_steps, "x")
+    _log_scale(ax_steps, "y")
     ax_steps.set_xlabel("step (iterations; not distorted by the machine's load)")
     ax_steps.set_ylabel("objective (sum of losses + regulariser)")
     collapsed = any(run.get("collapsed") for run in runs.values())
@@ -159,15 +176,15 @@ def plot_objective(runs, convex, path, title=""):
         _legend(ax_steps, covered, [(cross, "x: collapsed (learned nothing)")])
     if with_loss:
         _log_time_axis(axes[1])
-        axes[1].set_yscale("log")
+        _log_scale(axes[1], "y")
         axes[1].set_ylabel("training loss (sum over samples)")
         axes[1].set_title("Training loss alone (comparable across models)")
         _legend(axes[1], covered)
-    _log_time_axis(ax_gap)
-    ax_gap.set_yscale("log")
     ax_gap.set_ylabel("certified gap: objective - D(V)")
     ax_gap.set_title("Certified optimality gap of the models the bound covers", fontsize=10)
     if ax_gap.lines:
+        _log_time_axis(ax_gap)
+        _log_scale(ax_gap, "y")
         _legend(ax_gap, covered)
     else:
         ax_gap.text(0.5, 0.5, "no network covered by the bound", ha="center", transform=ax_gap.transAxes)
@@ -263,14 +280,13 @@ def plot_test_loss(runs, convex, path):
     fig, ax = _subplots(1, 1, figsize=(6, 4.2))
     seen = {}
     for name, run in runs.items():
-        t, loss = np.asarray(run["eval_seconds"]), np.asarray(run["test_loss"])
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
-        ax.plot(t[t > 0], loss[t > 0], color=_colour(run["model"]), ls=_style(i), label=name)
+        ax.plot(*_shown(run["eval_seconds"], run["test_loss"]), color=_colour(run["model"]), ls=_style(i), label=name)
     for program, cv in convex.items():
         ax.axhline(cv["test_loss"], color=CONVEX_COLORS.get(program, "tab:green"), ls=(0, (4, 2)),
                    label=cv.get("label", f"convex ({program})"))
     _log_time_axis(ax)
-    ax.set_yscale("log")
+    _log_scale(ax, "y")
     ax.set_ylabel("test loss per sample")
     ax.set_title("Test loss against time")
     ax.legend(fontsize=8)
