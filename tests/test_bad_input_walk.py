@@ -164,6 +164,9 @@ API = [
     ("compare gates 1e30", lambda e: ct.compare(e["problem"], models="gated", gates=10**30), ERROR, "gates"),
     ("compare gates a 1-tuple", lambda e: ct.compare(e["problem"], models="gated", gates=(1,)), ERROR, "gates"),
     ("compare seed -1", lambda e: ct.compare(e["problem"], seed=-1), ERROR, "seed"),
+    ("compare seed 2^64", lambda e: ct.compare(e["problem"], seed=2**64), ERROR, "seed"),
+    ("train seed 2^64", lambda e: _trainer().train(_networks().AlternativeAttention(4, 3, 2, heads=1), e["X"],
+                                                   e["y"], "squared", 1.0, steps=1, seed=2**64), ERROR, "seed"),
     ("compare gate_seed -1", lambda e: ct.compare(e["problem"], models="gated", gate_seed=-1), ERROR, "gate_seed"),
     ("compare sequence a string", lambda e: ct.compare(e["problem"], sequence="no"), ERROR, "sequence"),
     ("compare progress a string", lambda e: ct.compare(e["problem"], progress="no"), ERROR, "progress"),
@@ -216,6 +219,9 @@ CLI = [
     ("verify fingerprint nested", ["verify", "{dir}/data.npz", "{dir}/fingerprint_nested.npz", *CORE, "--beta", "1"],
      "RESULT"),
     ("solve --tol 1e-320", ["solve", "{dir}/data.npz", *CORE, "--beta", "1", "--tol", "1e-320"], "argument --tol"),
+    ("compare --seed 2^64", ["compare", "{dir}/data.npz", *CORE, "--beta", "1", "--seed", str(2**64), "--out-dir",
+                             "{dir}/out"], "argument --seed"),
+    ("demo --seed -1", ["demo", "--seed", "-1"], "argument --seed"),
     ("compare --tol 1e-16", ["compare", "{dir}/data.npz", *CORE, "--beta", "1", "--tol", "1e-16", "--out-dir",
                              "{dir}/out"], "argument --tol"),
     ("solve a .npz and a folder", ["solve", "{dir}/data.npz", "{dir}/shards/s0", *CORE, "--beta", "1"],
@@ -241,6 +247,11 @@ def _datasets():
 def _networks():
     from cvxtransformer.nn import networks
     return networks
+
+
+def _trainer():
+    from cvxtransformer.nn import trainer
+    return trainer
 
 
 def _estimators():

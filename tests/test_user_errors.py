@@ -441,7 +441,7 @@ def test_usage_errors_are_one_line_for_every_command(capsys):
     (["solve", "d.npz", *CORE, "--beta", "1", "--time-limit", "-1"], "--time-limit: expected a number > 0"),
     (["solve", "d.npz", *CORE, "--beta", "1", "--form", "both"], "--form: invalid choice: 'both'"),
     (["verify", "d.npz"], "the following arguments are required: RESULT.npz"),
-    (["demo", "--seed", "x"], "--seed: invalid int value: 'x'"),
+    (["demo", "--seed", "x"], "--seed: expected a number, got 'x'"),
 ])
 def test_usage_errors_name_the_argument(capsys, argv, match):
     code, _, err = run(capsys, argv)

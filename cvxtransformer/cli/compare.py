@@ -99,7 +99,7 @@ def configure(p):
                         "network (11), P of a family with P gates")
     p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates")
     p.add_argument("--classes", type=positive_int, default=None, help="number of classes (cross-entropy only)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initialisations and mini-batches")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the initialisations and mini-batches")
     p.add_argument("--eval-every", type=positive_int, default=None, help="steps between metric evaluations")
     p.add_argument("--solver", choices=("auto", "clarabel", "scs", "fista"), default="auto", help="convex solver")
     p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in [1e-15, 1)")

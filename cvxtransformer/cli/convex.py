@@ -1,7 +1,7 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
 from ..core.registry import builtin_gate_arrays, families, family, gate_arrays
 from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
-                      positive_int, tolerance)
+                      positive_int, seed, tolerance)
 
 TORCH_ONLY = ("device", "dtype", "progress", "chunk_size")
 LOCAL = ("data", "out", "json", "verbose", "quiet", "progress", "run", "command")  # options a process may have its own of
@@ -440,7 +440,7 @@ def _gates(args, data, res, note=True):
 
 # ----------------------------------------------------------------------------- demo
 def configure_demo(p):
-    p.add_argument("--seed", type=int, default=0, help="seed of the data, the network and its training")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the data, the network and its training")
     p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in [1e-15, 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 

@@ -38,11 +38,14 @@ def positive_int(text):
     return value
 
 
+SEED_MAX = 2**64 - 1  # core.validation.SEED_MAX: the largest seed numpy and torch both take
+
+
 def seed(text):
-    """A random seed as numpy takes it: an integer >= 0."""
+    """A random seed as numpy and torch take it: an integer in [0, 2^64 - 1]."""
     value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (a seed), got {text}")
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (a seed, at most 2^64 - 1), got {text}")
     return value
 
 

@@ -206,7 +206,7 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
          teacher_attention=None, sequence=None, progress=False, networks=None):
     """Validate the arguments of :func:`compare` (no solve, no training): a :class:`Plan`."""
     from ..core.problem import check_problem
-    from ..core.validation import check_bool, check_choice, check_int, check_tol
+    from ..core.validation import check_bool, check_choice, check_int, check_seed, check_tol
     from ..nn.trainer import check_training_options
     from cvxtransformer.solvers import SOLVERS
 
@@ -247,8 +247,8 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
     n = problem.program.X.shape[1]
     if given and sequence and problem.T.shape[1] % n:
         raise invalid("sequence", f"False: {problem.T.shape[1]} outputs are not a multiple of n = {n} tokens", "True")
-    out = Plan(problem=problem, models=models, heads=heads, options=options, seed=check_int("seed", seed, 0),
-               solver=solver, tol=check_tol(tol), gates=gates, gate_seed=check_int("gate_seed", gate_seed, 0),
+    out = Plan(problem=problem, models=models, heads=heads, options=options, seed=check_seed("seed", seed),
+               solver=solver, tol=check_tol(tol), gates=gates, gate_seed=check_seed("gate_seed", gate_seed),
                test=check_split(problem, test, ("X_test", "y_test")),
                validation=check_split(problem, validation, ("X_val", "y_val")), tune=tune,
                teacher=_check_teacher(teacher_attention, problem), sequence=bool(sequence), progress=progress,

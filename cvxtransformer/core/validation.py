@@ -55,6 +55,14 @@ def check_tol(tol, name="tol"):
     return tol
 
 
+SEED_MAX = 2**64 - 1  # the largest seed numpy's and torch's generators both take
+
+
+def check_seed(name, value):
+    """A random seed: an integer in [0, 2^64 - 1] (torch's generators overflow beyond)."""
+    return check_int(name, value, 0, SEED_MAX)
+
+
 def check_bool(name, value):
     """True or False (numpy's bools too): a string such as "no" is refused, never taken for its truth value."""
     if not isinstance(value, (bool, np.bool_)):

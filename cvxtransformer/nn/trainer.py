@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ..core.errors import invalid
 from ..core.losses import get_loss
-from ..core.validation import check_allocation, check_beta, check_choice, check_positive, format_bytes
+from ..core.validation import check_allocation, check_beta, check_choice, check_positive, check_seed, format_bytes
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -156,7 +156,7 @@ def fit(optimizer, step_objective, n_samples, steps, batch_size=None, seed=0, ev
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    generator = torch.Generator().manual_seed(int(seed))
+    generator = torch.Generator().manual_seed(check_seed("seed", seed))
     order, cursor, elapsed, status = None, n_samples, 0.0, "finished"
     values, times, evaluated = [], [], None
     bar = Progress(steps, desc, progress)
