@@ -41,6 +41,7 @@ def attention_problem(problem, number, gates=8, gate_seed=0, weight_decay=False)
     """
     from ..core.problem import ConvexProblem
     from ..core.attention import AttentionProgram
+    from ..core.validation import check_gates_memory, check_int
 
     program = problem.program
     if program.name == (WEIGHT_DECAY[number] if weight_decay else number):
@@ -57,6 +58,8 @@ def attention_problem(problem, number, gates=8, gate_seed=0, weight_decay=False)
             raise invalid("gates", "a count h, or a pair (U1, U2)", f"a tuple of {len(gates)}")
         other = kind.build(name, program.X, None, problem.T, U1=gates[0], U2=gates[1])  # checked there
     else:  # sampled as make_problem samples them, the memory they take checked first
+        gates = check_int("gates", gates, 1)
+        check_gates_memory(gates, kind.gate_bytes(program.X, None, problem.T))
         other = kind.build(name, program.X, None, problem.T, gates=gates, gate_seed=gate_seed)
     return ConvexProblem(other, problem.loss, problem.T, other.regularizer_class(problem.beta))
 
