@@ -114,7 +114,8 @@ def configure(p):
                            f"(default {GRID})")
     p.add_argument("--out-dir", required=True, metavar="DIR", help="folder for the weights, JSON and PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar per network on a terminal; in a log, a plain line every 30 s and at its end)")
 
 
 def _check_mode(args, data):
