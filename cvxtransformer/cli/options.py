@@ -44,8 +44,10 @@ SEED_MAX = 2**64 - 1  # core.validation.SEED_MAX: the largest seed numpy and tor
 def seed(text):
     """A random seed as numpy and torch take it: an integer in [0, 2^64 - 1]."""
     value = _number(text, int)
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (a seed, at most 2^64 - 1), got {text}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (a seed), got {text}")
+    if value > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a seed <= 2^64 - 1 (what numpy and torch take), got {text}")
     return value
 
 
