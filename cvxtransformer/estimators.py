@@ -53,7 +53,7 @@ except ImportError:
 
 from .core.losses import encode_classes
 from .core.problem import make_problem, parse_program
-from .core.validation import check_array, check_choice, check_int, check_tol
+from .core.validation import check_array, check_bool, check_choice, check_int, check_tol
 from .solving import solve
 
 # the public classes defined here; the families' classes are added on demand (module __getattr__, __dir__)
@@ -433,7 +433,8 @@ class TokenStandardScaler(TransformerMixin, BaseEstimator):
     def fit(self, X, y=None):
         """Learn each feature's mean and standard deviation over the samples and tokens of ``X`` (N, n, d)."""
         X = check_array("X", X, 3, "shape (N, n, d)")
-        self.scaler_ = StandardScaler(with_mean=self.with_mean, with_std=self.with_std).fit(X.reshape(-1, X.shape[2]))
+        with_mean, with_std = check_bool("with_mean", self.with_mean), check_bool("with_std", self.with_std)
+        self.scaler_ = StandardScaler(with_mean=with_mean, with_std=with_std).fit(X.reshape(-1, X.shape[2]))
         return self
 
     def transform(self, X):

@@ -9,9 +9,10 @@ import numpy as np
 from cvxtransformer.solvers import SOLVERS, get_solver
 
 from .core.certificate import gap_safe_screen, screen_solution
+from .core.errors import invalid
 from .core.problem import check_problem
 from .core.result import SolveResult
-from .core.validation import check_positive, check_tol
+from .core.validation import check_bool, check_choice, check_positive, check_tol
 from .verify import certify
 
 
@@ -26,6 +27,10 @@ def choose_solver(problem, form="primal", options=None, tol=1e-6):
     from .core.cvxpy_builders import cvxpy_coefficients, estimate_cvxpy_bytes
     from .core.validation import available_bytes, format_bytes
 
+    check_choice("form", form, ("primal", "dual"))
+    if options is not None and not isinstance(options, dict):
+        raise invalid("options", "a dict of solver options (or None)", type(options).__name__)
+    tol = check_tol(tol)
     options = dict(options or {})
     clarabel = SOLVERS["clarabel"]()
     cvxpy_options = sorted({"formulation", "nuclear_form"} & set(options))
@@ -58,7 +63,7 @@ def heartbeat(what, after=5.0, every=30.0, stream=None):
     done, start = threading.Event(), time.perf_counter()
 
     def beat():
-        wait = after
+        wait = min(after, threading.TIMEOUT_MAX)  # a wait beyond it overflows (heartbeat_after=1e308)
         while not done.wait(wait):
             print(f"cvxtransformer: {what}: running for {time.perf_counter() - start:.0f} s",
                   file=stream or sys.stderr, flush=True)
@@ -122,6 +127,7 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     """
     check_problem(problem)
     tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
+    verbose, screen = check_bool("verbose", verbose), check_bool("screen", screen)
     heartbeat_after = check_positive("heartbeat_after", heartbeat_after, none_ok=True)
     choice = None
     if solver == "auto":

@@ -15,6 +15,8 @@ once ``g_r <= max(1e-13 D(V_r), 0.1 (P(Z) - P(Z_r)))``, where the reported gap i
 of ``P(Z) - P(Z_r) <= P(Z) - p*``, the true suboptimality (or at the floor, or at float64's rounding
 floor of P, or at ``refine_time``).
 """
+import math
+import numbers
 import time
 from dataclasses import asdict, dataclass
 
@@ -67,7 +69,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
     V : optional candidate dual point (N, n_outputs) (or (N,) with one output), e.g. a solver's
         multipliers; it is made feasible here and used only if it gives a better bound
     tol : the relative gap ``(P(Z) - D(V)) / D(V)`` below which the solution is reported ``certified``
-        (0 < tol < 1): then ``(P(Z) - p*) / p* <= relative_gap <= tol``, at every scale of the data
+        (1e-15 <= tol < 1): then ``(P(Z) - p*) / p* <= relative_gap <= tol``, at every scale of the data
     refine : True: compute a refined dual point (see the module docstring), unless the gap is
         already at the floor 1e-13 (or at float64's rounding floor of P); "auto": only when the
         gap does not certify; False: never
@@ -97,6 +99,9 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
     (False, True)
     """
     tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
+                                 or math.isnan(deadline)):
+        raise invalid("deadline", "None or a time.perf_counter() value", repr(deadline))
     Z = check_problem(problem).check_data().program.check_Z(Z)
     candidates = {}
     if V is not None:
@@ -140,6 +145,7 @@ class NetworkCertificate:
     program : the name of the convex program that bounds the family (8, 10, 12 or another registered
         family's name: :mod:`cvxtransformer.core.registry`)
     objective : the network's own objective ``sum_i L(yhat_i, y_i) + penalty``, evaluated on the network
+        in float64 (attention rows projected onto the simplex where they were off it by rounding)
     lower_bound : D(V), a certified lower bound on the objective of every network of the family on this
         data and beta, whatever its number of heads (D(V) <= P(Z*) <= that objective)
     gap : ``objective - lower_bound >= objective - (global optimum)``
@@ -177,53 +183,50 @@ SOFTMAX = ("network: softmax attention (3) is not covered: its attention depends
 
 
 def _weights(network):
-    """``(weights, module or None)`` from heads, a dict of arrays or one of the package's nn modules."""
-    import dataclasses
-
+    """``(heads, module or None)`` from heads or a dict of their fields (:func:`~.core.reductions.heads_of`:
+    tensors, float32 values and lists taken, in float64) or one of the package's nn modules (its
+    ``to_weights()``, the same conversion)."""
+    from .core.reductions import heads_of
     from .core.registry import families
 
-    kinds = tuple(dict.fromkeys(f.reduction.heads for f in families().values()))  # each family's heads
-    if isinstance(network, kinds):
-        return network, None
-    if isinstance(network, dict):
-        keys = set(network)
-        if {"Wq", "Wk"} <= keys:
-            raise InvalidInputError(SOFTMAX)
-        fields = {kind: [(f.name, f.default is dataclasses.MISSING) for f in dataclasses.fields(kind)]
-                  for kind in kinds}
-        for kind, named in fields.items():  # the heads whose required fields are there, and no other keys
-            if {n for n, required in named if required} <= keys <= {n for n, _ in named}:
-                return kind(**network), None
-        raise invalid("network", "a dict with " + ", or ".join(
-            ", ".join(n if required else f"({n})" for n, required in named) + f" ({kind.__name__})"
-            for kind, named in fields.items()), f"keys {sorted(keys)}")
+    if isinstance(network, dict) and {"Wq", "Wk"} <= set(network):
+        raise InvalidInputError(SOFTMAX)
+    heads = heads_of(network, "network")
+    if heads is not None:
+        return heads, None
     if getattr(network, "name", None) == "softmax":
         raise InvalidInputError(SOFTMAX)
     if hasattr(network, "to_weights") and hasattr(network, "objective"):
-        return network.to_weights(), network
-    raise invalid("network", ", ".join(kind.__name__ for kind in kinds) + ", a dict of their arrays, or a network "
-                  "of cvxtransformer.nn (one with to_weights and objective)", type(network).__name__,
+        return heads_of(network.to_weights()), network
+    kinds = dict.fromkeys(f.reduction.heads.__name__ for f in families().values())
+    raise invalid("network", ", ".join(kinds) + ", a dict of their arrays, or a network of cvxtransformer.nn (one "
+                  "with to_weights and objective)", type(network).__name__,
                   "map your own module's parameters to the heads (see certify_network)")
 
 
 def _module_objective(module, problem, Z):
-    """The module's own objective on the problem's data; its outputs must be the program's at Z."""
+    """``(objective, eps)``: a module's own objective on the problem's data, evaluated in float64 on the CPU
+    (a copy of the module; its masks, if any, computed in float64 as the program's are), and the machine
+    epsilon of the module's own dtype. Its outputs must be the program's at Z to that dtype's rounding."""
+    import copy
+
     import torch
 
+    eps = torch.finfo(getattr(module, "dtype", torch.float64)).eps
+    module = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
+    module.dtype, module.device = torch.float64, torch.device("cpu")  # what encode_inputs reads
     inputs = module.encode_inputs(problem.program.X)
     with torch.no_grad():
         Yhat = module(*inputs)
         expected = problem.program.forward(Z)
-        worst = (float(torch.max(torch.abs(Yhat - torch.as_tensor(expected, dtype=Yhat.dtype, device=Yhat.device))))
-                 if tuple(Yhat.shape) == expected.shape else np.inf)
-        if not worst <= 1e3 * torch.finfo(Yhat.dtype).eps * max(1.0, float(np.max(np.abs(expected)))):
+        worst = float(np.max(np.abs(Yhat.numpy() - expected))) if tuple(Yhat.shape) == expected.shape else np.inf
+        if not worst <= 1e3 * eps * max(1.0, float(np.max(np.abs(expected)))):
             raise invalid("network", f"outputs equal to those of {problem.program.label} at its coefficients",
                           f"outputs of shape {tuple(Yhat.shape)} that differ by {worst:.3g}",
                           "build the problem on the network's data, gates (U1, U2) and target layout (per token "
                           "or pooled)")
-        T = torch.as_tensor(problem.T, dtype=Yhat.dtype, device=Yhat.device)
-        objective = float(problem.loss.value(Yhat, T) + module.penalty(problem.beta))
-    return objective
+        T = torch.as_tensor(problem.T, dtype=torch.float64)
+        return float(problem.loss.value(Yhat, T) + module.penalty(problem.beta)), eps
 
 
 BOUND_ROUNDING = 1e-9  # relative excess of D(V) over the objective taken as rounding (both are sums over N)
@@ -267,16 +270,24 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         ``recover_weights`` returns them) or their dict, or a network of :mod:`cvxtransformer.nn`. ``form``: "balanced" (every family) or "lemma1" (heads of
         (9)/(11), whose value vectors are normalised first: see ``Proposition1.objective``); any
         other is refused. Softmax attention (3) is refused:
-        the bound does not cover it (its attention depends on the input).
+        the bound does not cover it (its attention depends on the input). Arrays may be ndarrays,
+        torch tensors (any device, any float dtype, requiring grad or not: taken by value) or nested
+        lists (:func:`~cvxtransformer.core.reductions.heads_of`); everything is computed in float64.
+        Attention rows within their precision's rounding of the simplex (float32 softmaxes sum to 1
+        within about 1e-7) are projected onto it in float64 first: the network certified, whose
+        objective is reported, is the one with the projected rows (its outputs differ from the given
+        network's by that rounding).
     tol, refine, refine_time : as for :func:`certify`
 
     Returns
     -------
     NetworkCertificate
         Always ``lower_bound <= objective`` (a bound above it raises an InvalidInputError, explained).
-        The objective is the network's own, the module's ``objective`` for a module (whose outputs
-        are checked against the program's at Z), the reduction's ``objective`` (in numpy, from the
-        weights) for arrays.
+        The objective is the network's weight-decay objective, the reduction's ``objective``
+        (float64 numpy) at the weights certified; for a module, at its ``to_weights()``, once its own
+        outputs (a float64 copy of it) are checked against the program's at Z, to its dtype's
+        rounding; a module whose own objective is below the family's at its weights beyond that
+        rounding (another penalty) and below the bound is refused, as any network below the bound.
 
     The penalty is the family's (``NetworkCertificate.penalty`` says it in words). Programs (10) and (12)
     assume ``beta/2 sum_j (||w_2j||^2 + ||w_3j||_1^2)``, an l1 norm squared on each head's output vector;
@@ -310,9 +321,11 @@ def certify_network(problem, network, tol=1e-6, refine=True, refine_time=10.0):
         raise invalid("problem", "a program whose reduction maps weights to coefficients", problem.program.label)
     weights, module = _weights(network)
     Z = reduction.coefficients(problem, weights)
-    objective = (_module_objective(module, problem, Z) if module is not None
-                 else float(reduction.objective(problem, weights)))
+    own = None if module is None else _module_objective(module, problem, Z)  # (objective, eps of its dtype)
+    objective = float(reduction.objective(problem, weights))  # in float64, from the weights certified
     cert = certify(problem, Z, tol=tol, refine=refine, refine_time=refine_time)
+    if own is not None and own[0] < objective - 1e3 * own[1] * max(1.0, abs(objective)):
+        _checked_bound(cert.dual_objective, own[0], reduction.penalty)  # its penalty is below the family's
     lower_bound = _checked_bound(cert.dual_objective, objective, reduction.penalty)
     gap = objective - lower_bound
     return NetworkCertificate(network=reduction.equations.get(problem.program.name, ""), program=problem.program.name,

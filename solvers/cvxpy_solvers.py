@@ -121,6 +121,12 @@ class CVXPYSolver(Solver):
                               "largest budget its iteration counter holds)", repr(options["max_iter"]),
                               f"pass at most {self.max_iter_limit}, or bound the solve with time_limit")
         check_positive("time_limit", options.get("time_limit"), none_ok=True)
+        for key, default in self.settings(1e-6, {}).items():  # the solver's own settings, by its names
+            if key in options and key not in self.translate:  # (ours, translated, are checked above)
+                if isinstance(default, int):
+                    check_int(key, options[key], 1, self.max_iter_limit)
+                else:
+                    check_positive(key, options[key])
         if self.cvxpy_name not in cp.installed_solvers():
             raise MissingDependencyError(f"solver: {self.name} is not installed; pip install {self.name}")
 
@@ -141,7 +147,8 @@ class CVXPYSolver(Solver):
         t0 = time.perf_counter()
         limit = options.pop("time_limit", None)
         deadline = None if limit is None else t0 + limit
-        settings = self.settings(tol, {self.translate.get(k, k): v for k, v in options.items()})
+        settings = self.settings(tol, {self.translate.get(k, k): v for k, v in options.items()
+                                       if v is not None})  # max_iter=None: no budget (the solver's default)
         psd = {"nuclear_form": nuclear_form} if form == "primal" else {}  # the dual has one LMI form
         phase, t1 = ["our build of the CVXPY problem"], []
 

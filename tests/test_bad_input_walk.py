@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main
@@ -39,6 +40,9 @@ def env(tmp_path_factory):
         "z_1e200": dict(Z=np.full((2, 4, 3), 1e200)), "z_complex": dict(Z=np.zeros((2, 4, 3)) + 1j),
         "v_complex": dict(Z=np.zeros((2, 4, 3)), V=np.zeros((30, 2)) + 1j),
     }
+    rows_1e400 = '{"hash": "sha256", "N": 30, "pieces": [{"rows": [0, 1e400], "X": "0", "y": "0"}], "gates": null}'
+    files["fingerprint_1e400"] = dict(Z=np.zeros((2, 4, 3)), beta=np.array(1.0), fingerprint=np.array(rows_1e400))
+    files["fingerprint_nested"] = dict(Z=np.zeros((2, 4, 3)), beta=np.array(1.0), fingerprint=np.array("[" * 10**5))
     for name, arrays in files.items():
         np.savez(folder / f"{name}.npz", **arrays)
     (folder / "text.npz").write_text("X y\n1 2\n")
@@ -124,6 +128,50 @@ API = [
     ("compare None", lambda e: ct.compare(None), ERROR, "problem"),
     ("compare solver", lambda e: ct.compare(e["problem"], solver="gurobi"), ERROR, "solver"),
     ("compare models", lambda e: ct.compare(e["problem"], models=["resnet"]), ERROR, "models"),
+    # --- issue 44: heads as torch gives them, raw exceptions of the API
+    ("certify_network W1 strings", lambda e: ct.certify_network(e["problem"], dict(
+        W1=[["a"] * 4], W2=np.ones((1, 3)), W3=np.ones((1, 2)))), ERROR, "network.W1"),
+    ("certify_network W1 ragged", lambda e: ct.certify_network(e["problem"], dict(
+        W1=[[0.5, 0.5], [1.0]], W2=np.ones((2, 3)), W3=np.ones((2, 2)))), ERROR, "network.W1"),
+    ("certify_network W1 None", lambda e: ct.certify_network(e["problem"], dict(
+        W1=None, W2=np.ones((1, 3)), W3=np.ones((1, 2)))), ERROR, "network.W1"),
+    ("certify_network W2 a bool tensor", lambda e: ct.certify_network(e["problem"], dict(
+        W1=np.full((1, 4), 0.25), W2=torch.ones(1, 3, dtype=torch.bool), W3=np.ones((1, 2)))), ERROR, "network.W2"),
+    ("certify_network gated gate floats", lambda e: ct.certify_network(e["gated"], dict(
+        W1=np.ones((1, 3, 3)), W2=np.ones((1, 3, 2)), gate=[0.5])), ERROR, "weights.gate"),
+    ("nonconvex_objective dict keys", lambda e: ct.nonconvex_objective(e["problem"], {"W": 1}), ERROR, "weights"),
+    ("nonconvex_objective W1 off the simplex", lambda e: ct.nonconvex_objective(e["problem"], dict(
+        W1=torch.full((1, 4), 0.3), W2=np.ones((1, 3)), W3=np.ones((1, 2)))), ERROR, "weights.W1"),
+    ("solve clarabel tol_gap_abs", lambda e: ct.solve(e["problem"], "clarabel", tol_gap_abs="x"), ERROR,
+     "tol_gap_abs"),
+    ("solve clarabel tol_feas None", lambda e: ct.solve(e["problem"], "clarabel", tol_feas=None), ERROR, "tol_feas"),
+    ("solve scs eps_abs negative", lambda e: ct.solve(e["problem"], "scs", eps_abs=-1.0), ERROR, "eps_abs"),
+    ("solve scs max_iters 1e30", lambda e: ct.solve(e["problem"], "scs", max_iters=10**30), ERROR, "max_iters"),
+    ("solve verbose a string", lambda e: ct.solve(e["problem"], "clarabel", verbose="yes"), ERROR, "verbose"),
+    ("solve screen a string", lambda e: ct.solve(e["problem"], "clarabel", screen="no"), ERROR, "screen"),
+    ("solve fista working_set", lambda e: ct.solve(e["problem"], "fista", working_set="no"), ERROR, "working_set"),
+    ("solve fista progress", lambda e: ct.solve(e["problem"], "fista", progress=None), ERROR, "progress"),
+    ("solve tol 1e-320", lambda e: ct.solve(e["problem"], tol=1e-320), ERROR, "tol"),
+    ("certify deadline a string", lambda e: ct.certify(e["problem"], e["Z"], deadline="soon"), ERROR, "deadline"),
+    ("solve_path solver", lambda e: ct.solve_path(e["problem"], n_betas=3, solver="gurobi"), ERROR, "solver"),
+    ("solve_path n_betas 1e30", lambda e: ct.solve_path(e["problem"], n_betas=10**30), ERROR, "n_betas"),
+    ("solve_path progress", lambda e: ct.solve_path(e["problem"], n_betas=2, progress="yes"), ERROR, "progress"),
+    ("beta_grid beta_max a string", lambda e: ct.beta_grid("1"), ERROR, "beta_max"),
+    ("choose_solver options", lambda e: ct.choose_solver(e["problem"], options="fista"), ERROR, "options"),
+    ("choose_solver tol", lambda e: ct.choose_solver(e["problem"], tol=None), ERROR, "tol"),
+    ("compare models a number", lambda e: ct.compare(e["problem"], models=float("nan")), ERROR, "models"),
+    ("compare heads inf", lambda e: ct.compare(e["problem"], heads=float("inf")), ERROR, "heads"),
+    ("compare gates 1e30", lambda e: ct.compare(e["problem"], models="gated", gates=10**30), ERROR, "gates"),
+    ("compare gates a 1-tuple", lambda e: ct.compare(e["problem"], models="gated", gates=(1,)), ERROR, "gates"),
+    ("compare seed -1", lambda e: ct.compare(e["problem"], seed=-1), ERROR, "seed"),
+    ("compare seed 2^64", lambda e: ct.compare(e["problem"], seed=2**64), ERROR, "seed"),
+    ("train seed 2^64", lambda e: _trainer().train(_networks().AlternativeAttention(4, 3, 2, heads=1), e["X"],
+                                                   e["y"], "squared", 1.0, steps=1, seed=2**64), ERROR, "seed"),
+    ("compare gate_seed -1", lambda e: ct.compare(e["problem"], models="gated", gate_seed=-1), ERROR, "gate_seed"),
+    ("compare sequence a string", lambda e: ct.compare(e["problem"], sequence="no"), ERROR, "sequence"),
+    ("compare progress a string", lambda e: ct.compare(e["problem"], progress="no"), ERROR, "progress"),
+    ("TokenStandardScaler with_mean", lambda e: _estimators().TokenStandardScaler(with_mean="no").fit(e["X"]), ERROR,
+     "with_mean"),
 ]
 
 CLI = [
@@ -165,6 +213,19 @@ CLI = [
                                 "--loss", "squared", "--beta", "1"], "RESULT: Z"),
     ("compare --solver", ["compare", "{dir}/data.npz", *CORE, "--beta", "1", "--solver", "gurobi", "--out-dir",
                           "{dir}/out"], "argument --solver"),
+    # --- issue 44
+    ("verify fingerprint rows 1e400", ["verify", "{dir}/data.npz", "{dir}/fingerprint_1e400.npz", *CORE, "--beta", "1"],
+     "RESULT"),
+    ("verify fingerprint nested", ["verify", "{dir}/data.npz", "{dir}/fingerprint_nested.npz", *CORE, "--beta", "1"],
+     "RESULT"),
+    ("solve --tol 1e-320", ["solve", "{dir}/data.npz", *CORE, "--beta", "1", "--tol", "1e-320"], "argument --tol"),
+    ("compare --seed 2^64", ["compare", "{dir}/data.npz", *CORE, "--beta", "1", "--seed", str(2**64), "--out-dir",
+                             "{dir}/out"], "argument --seed"),
+    ("demo --seed -1", ["demo", "--seed", "-1"], "argument --seed"),
+    ("compare --tol 1e-16", ["compare", "{dir}/data.npz", *CORE, "--beta", "1", "--tol", "1e-16", "--out-dir",
+                             "{dir}/out"], "argument --tol"),
+    ("solve a .npz and a folder", ["solve", "{dir}/data.npz", "{dir}/shards/s0", *CORE, "--beta", "1"],
+     r"DATA: '[^']*data.npz' is a file, and several DATA must all be shard folders"),
 ]
 
 
@@ -186,6 +247,11 @@ def _datasets():
 def _networks():
     from cvxtransformer.nn import networks
     return networks
+
+
+def _trainer():
+    from cvxtransformer.nn import trainer
+    return trainer
 
 
 def _estimators():

@@ -121,7 +121,7 @@ def test_same_seed_same_numbers(data, capsys):
     (["--lr", "-1"], "--lr: expected a number > 0"),
     (["--lr", "0"], "--lr: expected"),
     (["--optimizer", "lbfgs"], "--optimizer: invalid choice"),
-    (["--heads", "0"], "--heads: expected an integer >= 1"),
+    (["--heads", "0"], "--heads: expected an integer in [1, 1000000]"),
     (["--batch-size", "1000"], "batch_size: expected at most"),
     (["--beta", "-1"], "--beta: expected a number > 0"),
     (["--gates", "0"], "--gates"),

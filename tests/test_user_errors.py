@@ -441,7 +441,7 @@ def test_usage_errors_are_one_line_for_every_command(capsys):
     (["solve", "d.npz", *CORE, "--beta", "1", "--time-limit", "-1"], "--time-limit: expected a number > 0"),
     (["solve", "d.npz", *CORE, "--beta", "1", "--form", "both"], "--form: invalid choice: 'both'"),
     (["verify", "d.npz"], "the following arguments are required: RESULT.npz"),
-    (["demo", "--seed", "x"], "--seed: invalid int value: 'x'"),
+    (["demo", "--seed", "x"], "--seed: expected a number, got 'x'"),
 ])
 def test_usage_errors_name_the_argument(capsys, argv, match):
     code, _, err = run(capsys, argv)
@@ -458,7 +458,7 @@ def test_usage_errors_name_the_argument(capsys, argv, match):
     ("energy", ["--model", "bogus", "--out-dir", "{dir}"], r"--model: expected one of 'unfolded', 'standard'"),
     ("grok-suite", ["--settings", "97:x", "--out-dir", "{dir}"], r"--settings: expected items P:L"),
     ("compare", ["--models", "bogus", "--out-dir", "{dir}"], r"--models: expected a comma-separated list"),
-    ("compare", ["--heads", "0", "--out-dir", "{dir}"], r"--heads: expected an integer >= 1"),
+    ("compare", ["--heads", "0", "--out-dir", "{dir}"], r"--heads: expected an integer in \[1, 1000000\]"),
 ])
 def test_output_folders_and_options_of_the_other_commands(tmp_path, capsys, data, command, argv, match):
     a_file = tmp_path / "a_file"
@@ -561,12 +561,14 @@ def test_compare_names_and_labels_its_plots_as_the_command_line_does(tmp_path, c
         assert title and ylabel and xscale == "log"
         if xlabel == "training time (s)":  # a log time axis with its ticks
             assert locator is LogLocator
-            assert all(m in ("None", "", None) for m in markers), markers
+            assert all(m in ("None", "", None, "*") for m in markers), markers
+            if "*" in markers:  # the convex solve's end (issue #44), explained in the legend
+                assert any(entry.endswith(" s") and "solved and certified" in entry for entry in legend), legend
         else:  # objective against step: its only marker is the cross of a collapsed network
             assert xlabel.startswith("step") and all(m in ("None", "", None, "x") for m in markers), markers
-        runs = [entry for entry in legend if not entry.startswith("convex")]
+        runs = [entry.split(": ")[0] for entry in legend if not entry.startswith("convex")]  # then what bounds it
         assert set(runs) <= {"alternative (9), m = 8", "softmax (3)"}
-    assert {"alternative (9), m = 8", "softmax (3)"} <= set(objective[0][5])
+    assert {"alternative (9), m = 8: bounded by program (10)", "softmax (3): no bound covers it"} <= set(objective[0][5])
     panels = [ax for ax in figures["attention.png"] if ax[7]]
     assert len(panels) == 3 and all(title and xlabel and ylabel for title, xlabel, ylabel, *_ in panels)
     assert [p[0].split(" ")[0] for p in panels] == ["convex", "alternative", "softmax"]

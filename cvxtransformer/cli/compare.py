@@ -99,10 +99,10 @@ def configure(p):
                         "network (11), P of a family with P gates")
     p.add_argument("--gate-seed", type=seed, default=0, help="seed of the sampled gates")
     p.add_argument("--classes", type=positive_int, default=None, help="number of classes (cross-entropy only)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initialisations and mini-batches")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the initialisations and mini-batches")
     p.add_argument("--eval-every", type=positive_int, default=None, help="steps between metric evaluations")
     p.add_argument("--solver", choices=("auto", "clarabel", "scs", "fista"), default="auto", help="convex solver")
-    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in (0, 1)")
+    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in [1e-15, 1)")
     tune = p.add_argument_group("tuning on the validation split (Section 4 of the paper)")
     tune.add_argument("--tune", action="store_true",
                       help="tune the learning rate and beta of every model on X_val, y_val of DATA, report on the "
@@ -114,7 +114,8 @@ def configure(p):
                            f"(default {GRID})")
     p.add_argument("--out-dir", required=True, metavar="DIR", help="folder for the weights, JSON and PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar per network on a terminal; in a log, a plain line every 30 s and at its end)")
 
 
 def _check_mode(args, data):

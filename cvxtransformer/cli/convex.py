@@ -1,7 +1,7 @@
 """``cvxtransformer solve``, ``verify`` and ``demo``: the convex programs and their certificates."""
-from ..core.registry import families, family, gate_arrays
+from ..core.registry import builtin_gate_arrays, families, family, gate_arrays
 from .options import (add_problem_arguments, class_mapping, encode_labels, make_problem_from, positive_float,
-                      positive_int, tolerance)
+                      positive_int, seed, tolerance)
 
 TORCH_ONLY = ("device", "dtype", "progress", "chunk_size")
 LOCAL = ("data", "out", "json", "verbose", "quiet", "progress", "run", "command")  # options a process may have its own of
@@ -87,9 +87,9 @@ def _refine_arguments(p):
 
 
 # ----------------------------------------------------------------------------- solve
-DATA_HELP = ("a .npz file with X (N, n, d) and y, optionally the program's gate arrays (U1 (h, n) and U2 (h, d) of "
-             "program 12, H (P, d, d), G (P, n)); or a folder with X.npy, y.npy (optionally the gate arrays as "
-             "U1.npy, ...), memory-mapped: X is read in chunks, never whole")
+DATA_HELP = (f"a .npz file with X (N, n, d) and y, optionally the program's gate arrays ({builtin_gate_arrays()}); "
+             "or a folder with X.npy, y.npy (optionally the gate arrays as U1.npy, ...), memory-mapped: X is read "
+             "in chunks, never whole")
 
 
 def configure_solve(p):
@@ -106,7 +106,8 @@ def configure_solve(p):
                         "whatever N; a factored map where the program has one and it is smaller), or forced; direct is "
                         "the dense design")
     p.add_argument("--out", metavar="RESULT.npz",
-                   help="write Z, V, beta (and the gates U1, U2 or H) here, with the data's SHA-256 fingerprint")
+                   help=f"write Z, V, beta (and the program's gate arrays: {builtin_gate_arrays()}) here, with the "
+                        "data's SHA-256 fingerprint")
     p.add_argument("--verbose", action="store_true", help="show the solver's own log")
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines (by default a line on stderr when a solve runs past 5 s, then every 30 s)")
@@ -376,7 +377,7 @@ def _solved_by(res):
 
     try:
         solved = json.loads(str(res["summary"]))
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, RecursionError):
         return {}
     return {k: solved[k] for k in ("form", "solver") if isinstance(solved, dict) and isinstance(solved.get(k), str)}
 
@@ -406,7 +407,7 @@ def _stored_fingerprint(res):
         return None
     try:
         out = json.loads(str(res["fingerprint"].reshape(()).item()))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # not JSON, not one string, nested too deep
         out = None
     if not isinstance(out, dict) or out.get("hash") != "sha256":
         raise InvalidInputError("RESULT: its fingerprint is not one that cvxtransformer solve writes; remove it to "
@@ -439,8 +440,8 @@ def _gates(args, data, res, note=True):
 
 # ----------------------------------------------------------------------------- demo
 def configure_demo(p):
-    p.add_argument("--seed", type=int, default=0, help="seed of the data, the network and its training")
-    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in (0, 1)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the data, the network and its training")
+    p.add_argument("--tol", type=tolerance, default=1e-6, help="relative duality gap to certify, in [1e-15, 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 

@@ -46,7 +46,8 @@ def configure(parser):
                         help="the stack: the unfolded transformer, the project's StandardTransformer, or MiniLM")
     parser.add_argument("--out-dir", required=True, metavar="DIR", help="folder for energy.json and energy.png")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the summary) on stdout")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress (a bar on a terminal; in a log, a plain line every 30 s and at the end)")
     g = parser.add_argument_group("text: sentences of the standard library's pydoc_data.topics")
     g.add_argument("--sentences", type=int, default=16, help="number of sentences")
     g.add_argument("--min-words", type=int, default=8, help="shortest sentence in words")

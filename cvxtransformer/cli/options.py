@@ -38,19 +38,30 @@ def positive_int(text):
     return value
 
 
+SEED_MAX = 2**64 - 1  # core.validation.SEED_MAX: the largest seed numpy and torch both take
+
+
 def seed(text):
-    """A random seed as numpy takes it: an integer >= 0."""
+    """A random seed as numpy and torch take it: an integer in [0, 2^64 - 1]."""
     value = _number(text, int)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0 (a seed), got {text}")
+    if value > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a seed <= 2^64 - 1 (what numpy and torch take), got {text}")
     return value
 
 
+TOL_FLOOR = 1e-15  # core.validation.TOL_FLOOR (not imported here: it imports numpy, and --help stays instant)
+
+
 def tolerance(text):
-    """A relative duality gap: 0 < tol < 1."""
+    """A relative duality gap: 1e-15 <= tol < 1 (float64 resolves no smaller one)."""
     value = _number(text, float)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"expected a relative gap in (0, 1), e.g. 1e-6, got {text}")
+    if value < TOL_FLOOR:
+        raise argparse.ArgumentTypeError(f"expected a relative gap in [{TOL_FLOOR:g}, 1) (float64 resolves no "
+                                         f"smaller one), got {text}; pass 1e-15 or more, or --atol")
     return value
 
 
@@ -135,7 +146,7 @@ def add_problem_arguments(p, program_help=PROGRAM_HELP):
     p.add_argument("--classes", type=positive_int, default=None,
                    help="number of classes c, cross-entropy only (default: max(y) + 1)")
     p.add_argument("--tol", type=tolerance, default=1e-6,
-                   help="relative duality gap (P - D) / D to certify, in (0, 1); it bounds (P - p*) / p*")
+                   help="relative duality gap (P - D) / D to certify, in [1e-15, 1); it bounds (P - p*) / p*")
     p.add_argument("--atol", type=positive_float, default=None,
                    help="also certify when the duality gap P - D is <= ATOL (off by default; for data near "
                         "interpolation, where float64 cannot reach --tol relative to a tiny optimum)")

@@ -40,27 +40,27 @@ def attention_problem(problem, number, gates=8, gate_seed=0, weight_decay=False)
     (the count ``gates`` and gate arrays, e.g. those a DATA file holds: the command line's).
     """
     from ..core.problem import ConvexProblem
-    from ..core.attention import AttentionProgram, sample_gates
-    from ..core.validation import check_array, check_int
+    from ..core.attention import AttentionProgram
+    from ..core.validation import check_gates_memory, check_int
 
     program = problem.program
     if program.name == (WEIGHT_DECAY[number] if weight_decay else number):
         return problem
-    U1 = U2 = None
     if isinstance(gates, dict):
         gates = (gates.get("U1"), gates.get("U2")) if "U1" in gates or "U2" in gates else gates.get("gates", 8)
-    if number == 12:
-        if getattr(program, "U1", None) is not None:
-            U1, U2 = program.U1, program.U2
-        elif isinstance(gates, tuple):
-            U1, U2 = (check_array(name, U, 2, f"shape (h, {k})") for name, U, k in
-                      (("U1", gates[0], program.n), ("U2", gates[1], program.d)))
-            if U1.shape[1] != program.n or U2.shape[1] != program.d or U1.shape[0] != U2.shape[0]:
-                raise invalid("gates", f"(U1, U2) of shapes (h, {program.n}) and (h, {program.d})",
-                              f"{U1.shape} and {U2.shape}")
-        else:
-            U1, U2 = sample_gates(check_int("gates", gates, 1), program.n, program.d, gate_seed)
-    other = (WeightDecayProgram if weight_decay else AttentionProgram)(number, program.X, program.n_outputs, U1, U2)
+    kind, name = (WeightDecayProgram, WEIGHT_DECAY[number]) if weight_decay else (AttentionProgram, number)
+    if number != 12:
+        other = kind(number, program.X, program.n_outputs)
+    elif getattr(program, "U1", None) is not None:
+        other = kind(12, program.X, program.n_outputs, program.U1, program.U2)
+    elif isinstance(gates, tuple):
+        if len(gates) != 2:
+            raise invalid("gates", "a count h, or a pair (U1, U2)", f"a tuple of {len(gates)}")
+        other = kind.build(name, program.X, None, problem.T, U1=gates[0], U2=gates[1])  # checked there
+    else:  # sampled as make_problem samples them, the memory they take checked first
+        gates = check_int("gates", gates, 1)
+        check_gates_memory(gates, kind.gate_bytes(program.X, None, problem.T))
+        other = kind.build(name, program.X, None, problem.T, gates=gates, gate_seed=gate_seed)
     return ConvexProblem(other, problem.loss, problem.T, other.regularizer_class(problem.beta))
 
 
@@ -274,6 +274,8 @@ def check_models(models, program, tuned=False, argument="models", outputs=1):
     text = models
     if isinstance(models, str):
         models = [m.strip() for m in models.split(",") if m.strip()]
+    if not isinstance(models, (list, tuple)):
+        raise invalid(argument, f"a list or a comma-separated string of models from {', '.join(MODELS)}", repr(text))
     names = list(dict.fromkeys(models))
     if not names or any(not isinstance(m, str) or m not in MODELS for m in names):
         raise invalid(argument, f"a comma-separated list from {', '.join(MODELS)}", repr(text))
@@ -285,6 +287,9 @@ def check_models(models, program, tuned=False, argument="models", outputs=1):
                       f"{wrong[0]} joins program{'s' if len(MODELS[wrong[0]].programs) > 1 else ''} "
                       + ", ".join(map(str, MODELS[wrong[0]].programs)))
     return names
+
+
+MAX_HEADS = 10**6  # the most heads (or units) a network of the comparison is given
 
 
 def check_heads(heads, argument="heads"):
@@ -299,8 +304,8 @@ def check_heads(heads, argument="heads"):
             heads = [heads]
         ok = all(not isinstance(h, bool) and int(h) == h for h in heads)
         heads = [int(h) for h in heads] if ok else []
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         heads = []
-    if not heads or min(heads) < 1:
-        raise invalid(argument, "an integer >= 1 or a comma-separated list of them", repr(text))
+    if not heads or min(heads) < 1 or max(heads) > MAX_HEADS:
+        raise invalid(argument, f"an integer in [1, {MAX_HEADS}] or a comma-separated list of them", repr(text))
     return list(dict.fromkeys(heads))

@@ -61,6 +61,14 @@ def _positive_floor(values):
     return max(finite.min() * 0.5, 1e-16) if finite.size else 1e-16
 
 
+def _shown(x, y):
+    """The points of a curve that log axes can show: x > 0 (time or step) and y finite and > 0 (a run
+    that diverged ends where it did: its NaN left a log axis with nothing to scale)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = (x > 0) & np.isfinite(y) & (y > 0)
+    return x[keep], y[keep]
+
+
 def _style(i):
     return ["-", "--", "-.", ":"][i % 4]
 
@@ -78,10 +86,21 @@ def _subplots(nrows, ncols, figsize, layout=None, **kwargs):
 def _log_time_axis(ax):
     from matplotlib.ticker import LogLocator, NullFormatter
 
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(numticks=6))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    if _log_scale(ax, "x"):
+        ax.xaxis.set_major_locator(LogLocator(numticks=6))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("training time (s)")
+
+
+def _log_scale(ax, axis):
+    """A log scale on ``axis`` ("x" or "y") of ``ax`` where its data has a value > 0 to scale (every run
+    diverged at its first step leaves none, and a log axis without data cannot be drawn); True if set."""
+    lim = ax.dataLim
+    top = lim.x1 if axis == "x" else lim.y1
+    if not (np.isfinite(top) and top > 0):
+        return False
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    return True
 
 
 def plot_objective(runs, convex, path, title=""):
@@ -94,10 +113,13 @@ def plot_objective(runs, convex, path, title=""):
     Parameters
     ----------
     runs : dict name -> dict(model, seconds=(S+1,), objective=(S+1,), lower_bound=float or None,
-        and optionally eval_seconds=(E,), loss_sum=(E,), the training loss summed over samples, and
-        collapsed=True for a network that learned nothing: a cross on its last point)
-        (``lower_bound`` is D(V) of the convex program that bounds this network, None for (3))
-    convex : dict program -> dict(primal_objective, dual_objective, optionally loss_sum, label)
+        and optionally bounding_program (the program whose D(V) it is), eval_seconds=(E,), loss_sum=(E,),
+        the training loss summed over samples, and collapsed=True for a network that learned nothing: a
+        cross on its last point) (``lower_bound`` is D(V) of the convex program that bounds this
+        network, None for the networks no program bounds, (3) and the ReLU networks; the legend says
+        which is which)
+    convex : dict program -> dict(primal_objective, dual_objective, optionally loss_sum, label, and
+        solve_seconds, refine_seconds: the convex solve's end, a star on its line against time)
     path : the PNG file
     title : the left panel's title
     """
@@ -107,23 +129,22 @@ def plot_objective(runs, convex, path, title=""):
     axes = [ax, grid[1, 0], ax_gap]
     if not with_loss:
         grid[1, 0].axis("off")
-    seen = {}
+    seen, covered = {}, {}  # covered: each run's legend entry, saying whether the bound covers it
     for name, run in runs.items():
-        steps = np.arange(len(run["objective"]))
-        t, objective = np.asarray(run["seconds"]), np.asarray(run["objective"])
-        t, objective = t[t > 0], objective[t > 0]  # log time axis: from the end of the first step
+        t, objective = _shown(run["seconds"], run["objective"])  # log time axis: from the end of the first step
+        steps, by_step = _shown(np.arange(len(run["objective"])), run["objective"])
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
         style = dict(color=_colour(run["model"]), ls=_style(i), label=name)
+        covered[name] = _bound_label(name, run)
         ax.plot(t, objective, **style)
-        ax_steps.plot(steps[1:], np.asarray(run["objective"])[1:], **style)
+        ax_steps.plot(steps, by_step, **style)
         if run.get("collapsed"):  # a cross on the last point of a network that learned nothing
-            for a, x in ((ax, t), (ax_steps, steps)):
+            for a, x, y in ((ax, t, objective), (ax_steps, steps, by_step)):
                 if len(x):
-                    a.plot(x[-1], run["objective"][-1], "x", color=style["color"], ms=10, mew=2)
+                    a.plot(x[-1], y[-1], "x", color=style["color"], ms=10, mew=2)
         if with_loss and "loss_sum" in run:
-            te, loss = np.asarray(run["eval_seconds"]), np.asarray(run["loss_sum"])
-            axes[1].plot(te[te > 0], loss[te > 0], **style)
-        if run.get("lower_bound") is not None:
+            axes[1].plot(*_shown(run["eval_seconds"], run["loss_sum"]), **style)
+        if run.get("lower_bound") is not None and len(t):
             gap = objective - run["lower_bound"]
             ax_gap.plot(t, np.maximum(gap, _positive_floor(gap)), **style)
     for program, cv in convex.items():
@@ -131,35 +152,63 @@ def plot_objective(runs, convex, path, title=""):
         ax.axhline(cv["primal_objective"], label=cv.get("label", f"convex ({program}) optimum P(Z*), certified"),
                    **style)
         ax_steps.axhline(cv["primal_objective"], **style)
+        end = (cv.get("solve_seconds") or 0.0) + (cv.get("refine_seconds") or 0.0)
+        if end > 0:  # the exact solve's end (solver and certificate), on the same time axis as the training
+            ax.plot(end, cv["primal_objective"], "*", color=style["color"], ms=14, mec="black", mew=0.6,
+                    label=f"convex ({program}) solved and certified: {end:.3g} s")
         if with_loss and cv.get("loss_sum") is not None:
             axes[1].axhline(cv["loss_sum"], label=f"convex ({program}), exact", **style)
     _log_time_axis(ax)
-    ax.set_yscale("log")
+    _log_scale(ax, "y")
     ax.set_ylabel("objective (sum of losses + regulariser)")
     ax.set_title(title or "Objective against time")
-    ax.legend(fontsize=8)
-    ax_steps.set_xscale("log")
-    ax_steps.set_yscale("log")
+    _legend(ax, covered)
+    _log_scale(ax_steps, "x")
+    _log_scale(ax_steps, "y")
     ax_steps.set_xlabel("step (iterations; not distorted by the machine's load)")
     ax_steps.set_ylabel("objective (sum of losses + regulariser)")
-    ax_steps.set_title("Objective against step (x: collapsed network)")
+    collapsed = any(run.get("collapsed") for run in runs.values())
+    ax_steps.set_title("Objective against step" + (" (x: collapsed network)" if collapsed else ""))
+    if collapsed:
+        from matplotlib.lines import Line2D
+
+        cross = Line2D([], [], marker="x", color="black", ms=10, mew=2, ls="none")
+        _legend(ax_steps, covered, [(cross, "x: collapsed (learned nothing)")])
     if with_loss:
         _log_time_axis(axes[1])
-        axes[1].set_yscale("log")
+        _log_scale(axes[1], "y")
         axes[1].set_ylabel("training loss (sum over samples)")
         axes[1].set_title("Training loss alone (comparable across models)")
-        axes[1].legend(fontsize=8)
-    _log_time_axis(ax_gap)
-    ax_gap.set_yscale("log")
+        _legend(axes[1], covered)
     ax_gap.set_ylabel("certified gap: objective - D(V)")
     ax_gap.set_title("Certified optimality gap of the models the bound covers", fontsize=10)
     if ax_gap.lines:
-        ax_gap.legend(fontsize=8)
+        _log_time_axis(ax_gap)
+        _log_scale(ax_gap, "y")
+        _legend(ax_gap, covered)
     else:
         ax_gap.text(0.5, 0.5, "no network covered by the bound", ha="center", transform=ax_gap.transAxes)
     fig.tight_layout()
     save_figure(fig, path)
     return fig
+
+
+def _legend(ax, covered, extra=()):
+    """The axes' legend, each run named by ``covered`` (whether the bound covers it), then ``extra``
+    (handle, text) pairs; the lines keep their labels, the runs' names."""
+    handles, labels = ax.get_legend_handles_labels()
+    for handle, text in extra:
+        handles.append(handle)
+        labels.append(text)
+    ax.legend(handles, [covered.get(label, label) for label in labels], fontsize=8)
+
+
+def _bound_label(name, run):
+    """A run's legend entry, saying whether the certified bound covers it."""
+    if run.get("lower_bound") is None:
+        return f"{name}: no bound covers it"
+    program = run.get("bounding_program")
+    return f"{name}: bounded" + (f" by program ({program})" if program is not None else "")
 
 
 def plot_tuning(grids, convex, path):
@@ -231,14 +280,13 @@ def plot_test_loss(runs, convex, path):
     fig, ax = _subplots(1, 1, figsize=(6, 4.2))
     seen = {}
     for name, run in runs.items():
-        t, loss = np.asarray(run["eval_seconds"]), np.asarray(run["test_loss"])
         i = seen[run["model"]] = seen.get(run["model"], -1) + 1
-        ax.plot(t[t > 0], loss[t > 0], color=_colour(run["model"]), ls=_style(i), label=name)
+        ax.plot(*_shown(run["eval_seconds"], run["test_loss"]), color=_colour(run["model"]), ls=_style(i), label=name)
     for program, cv in convex.items():
         ax.axhline(cv["test_loss"], color=CONVEX_COLORS.get(program, "tab:green"), ls=(0, (4, 2)),
                    label=cv.get("label", f"convex ({program})"))
     _log_time_axis(ax)
-    ax.set_yscale("log")
+    _log_scale(ax, "y")
     ax.set_ylabel("test loss per sample")
     ax.set_title("Test loss against time")
     ax.legend(fontsize=8)

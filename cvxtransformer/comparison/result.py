@@ -203,7 +203,7 @@ class Comparison:
         plot_objective({r.legend: {
             "seconds": r.train.history.seconds, "objective": r.train.history.objective, "model": r.model,
             "lower_bound": r.certified_lower_bound if r.report["bound_applies"] else None,
-            "eval_seconds": r.train.history.eval_seconds, "loss_sum": N * r.train.history.train_loss,
+            "bounding_program": r.report.get("bounding_program"), "eval_seconds": r.train.history.eval_seconds, "loss_sum": N * r.train.history.train_loss,
             "collapsed": r.report.get("collapsed", False)} for r in self.models.values()},
             {p: dict(c, label=self._convex_label(p, "P(Z*), certified")) for p, c in self.convex.items()},
             os.path.join(folder, files[-1]),

@@ -206,7 +206,7 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
          teacher_attention=None, sequence=None, progress=False, networks=None):
     """Validate the arguments of :func:`compare` (no solve, no training): a :class:`Plan`."""
     from ..core.problem import check_problem
-    from ..core.validation import check_choice, check_int, check_tol
+    from ..core.validation import check_bool, check_choice, check_int, check_seed, check_tol
     from ..nn.trainer import check_training_options
     from cvxtransformer.solvers import SOLVERS
 
@@ -238,17 +238,20 @@ def plan(problem, models=None, optimizer="adam", lr=None, steps=2000, heads=None
     options = dict(zip(("optimizer", "lr", "steps", "batch_size", "eval_every"), check_training_options(
         optimizer, DEFAULT_LR if lr is None else lr, steps, batch_size, eval_every, None, N)[:5]))
     check_choice("solver", solver, ("auto", *SOLVERS))
+    progress = check_bool("progress", progress)
     given = sequence is not None  # the default follows the program (per-token or per-channel outputs)
+    if given:
+        sequence = check_bool("sequence", sequence)
     if sequence is None:
         sequence = not problem.program.pooled if hasattr(problem.program, "pooled") else False
     n = problem.program.X.shape[1]
     if given and sequence and problem.T.shape[1] % n:
         raise invalid("sequence", f"False: {problem.T.shape[1]} outputs are not a multiple of n = {n} tokens", "True")
-    out = Plan(problem=problem, models=models, heads=heads, options=options, seed=check_int("seed", seed),
-               solver=solver, tol=check_tol(tol), gates=gates, gate_seed=check_int("gate_seed", gate_seed),
+    out = Plan(problem=problem, models=models, heads=heads, options=options, seed=check_seed("seed", seed),
+               solver=solver, tol=check_tol(tol), gates=gates, gate_seed=check_seed("gate_seed", gate_seed),
                test=check_split(problem, test, ("X_test", "y_test")),
                validation=check_split(problem, validation, ("X_val", "y_val")), tune=tune,
-               teacher=_check_teacher(teacher_attention, problem), sequence=bool(sequence), progress=bool(progress),
+               teacher=_check_teacher(teacher_attention, problem), sequence=bool(sequence), progress=progress,
                networks=networks)
     out.problems()  # builds (and checks) every bounding problem now, e.g. the gates
     return out

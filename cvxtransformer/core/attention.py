@@ -42,6 +42,7 @@ from .arrays import F64
 from .contracts import GRAM_LAYOUT
 from .data import StreamedRows, file_backed
 from .errors import invalid
+from .losses import project_rows_to_simplex
 from .programs import CHUNK_BYTES, Program, _SampleOperator
 from .reductions import ALL_LOSSES, Reduction
 from .registry import register
@@ -694,6 +695,34 @@ def _bilinear(W1, X, W2, chunk=256):
     return out
 
 
+ROW_ROUNDINGS = 256  # how far attention rows may be off the simplex: this many roundings of their precision per entry
+
+
+def simplex_rows(W1):
+    """Attention rows ``W1`` (m, n), float64, on the simplex: rows within rounding of it, ``ROW_ROUNDINGS * eps *
+    n`` (eps of float32 when every entry is a float32 number, as torch's softmax gives them, else of float64),
+    are projected onto it in float64 (rows on it are kept as they are); rows further off are refused."""
+    m, n = W1.shape
+    if not m:
+        return W1
+    with np.errstate(over="ignore"):
+        single = np.array_equal(W1, W1.astype(np.float32))
+    precision = "float32" if single else "float64"
+    tol = ROW_ROUNDINGS * np.finfo(precision).eps * n
+    sums = W1.sum(axis=1)
+    if W1.min() < -tol or np.max(np.abs(sums - 1.0)) > tol:
+        raise invalid("weights.W1", f"attention rows on the simplex (nonnegative, summing to 1 within {tol:.2g}, the "
+                      f"rounding of {precision} rows of {n})",
+                      f"min {W1.min():.3g}, row sums off by {np.max(np.abs(sums - 1)):.3g}",
+                      "only such networks are bounded by the program; parametrise each row as a softmax "
+                      "of logits, or project it onto the simplex")
+    off = (W1.min(axis=1) < 0) | (sums != 1.0)
+    if off.any():
+        W1 = W1.copy()
+        W1[off] = project_rows_to_simplex(W1[off])
+    return W1
+
+
 class Proposition1(Reduction):
     """Proposition 1 of Ergen et al.: networks (6)/(9) and (11) <-> programs (10) (or (8)) and (12)."""
     heads = AttentionHeads
@@ -723,7 +752,9 @@ class Proposition1(Reduction):
 
         The network's output is the program's ``forward(Z)``; with the attention rows ``w_1j`` on the
         simplex, ``||Z[g, l, k]||`` summed is at most ``sum_j ||w_2j|| ||w_3j||_1``, so P(Z) is at
-        most the network's objective in either form (checked here: rows off the simplex are refused).
+        most the network's objective in either form (checked here: rows off the simplex are refused;
+        rows within their precision's rounding of it, e.g. float32 softmaxes, are projected onto it in
+        float64 first, :func:`simplex_rows`, and :meth:`objective` evaluates the same projected rows).
         """
         program = problem.program
         network = cls.equations.get(program.name, "(9)/(11)")
@@ -740,11 +771,7 @@ class Proposition1(Reduction):
         for name, W in (("W1", W1), ("W2", W2), ("W3", W3)):
             if not np.all(np.isfinite(W)):
                 raise invalid(f"weights.{name}", "finite values", "NaN/Inf entries")
-        if m and (W1.min() < -1e-12 or np.max(np.abs(W1.sum(axis=1) - 1.0)) > 1e-9):
-            raise invalid("weights.W1", "attention rows on the simplex (nonnegative, summing to 1)",
-                          f"min {W1.min():.3g}, row sums off by {np.max(np.abs(W1.sum(axis=1) - 1)):.3g}",
-                          "only such networks are bounded by the program; parametrise each row as a softmax "
-                          "of logits, or project it onto the simplex")
+        W1 = simplex_rows(W1)
         gate = weights.gate
         if (gate is None) != (program.mask is None):
             raise invalid("weights.gate", f"each head's gate for {program.label}" if program.mask is not None else
@@ -795,15 +822,17 @@ class Proposition1(Reduction):
         """
         cls.check_form(weights.form, "weights.form")
         program = problem.program
-        Yhat = np.empty((program.N, weights.W3.shape[1]))
-        step = max(1, 2**20 // max(1, program.X[:1].size + weights.W1.shape[0]))  # X may be a memory map
+        W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W2, weights.W3))
+        W1 = simplex_rows(np.asarray(weights.W1, dtype=float))  # the rows coefficients() certifies
+        Yhat = np.empty((program.N, W3.shape[1]))
+        step = max(1, 2**20 // max(1, program.X[:1].size + W1.shape[0]))  # X may be a memory map
         for s in range(0, program.N, step):
             X = np.asarray(program.X[s:s + step], dtype=float)
-            scores = _bilinear(weights.W1, X, weights.W2)
+            scores = _bilinear(W1, X, W2)
             if weights.gate is not None:
                 U1, U2 = program.U1[weights.gate], program.U2[weights.gate]
                 scores *= _bilinear(U1, X, U2) >= 0
-            Yhat[s:s + step] = scores @ weights.W3
+            Yhat[s:s + step] = scores @ W3
         return problem.loss.value(Yhat, problem.T) + cls.penalty_of(problem, weights)
 
 

@@ -160,7 +160,7 @@ class DataSet:
         try:
             N, spans = int(stored["N"]), [(int(p["rows"][0]), int(p["rows"][1]), p["X"], p["y"])
                                           for p in stored["pieces"]]
-        except (KeyError, TypeError, ValueError, IndexError):
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError):  # e.g. rows [0, 1e400]: int(inf)
             raise InvalidInputError("RESULT: its fingerprint is not one that cvxtransformer solve writes; "
                                     "remove it to verify without checking the data, or solve again") from None
         if N != self.N:
@@ -226,6 +226,9 @@ def _shard_dirs(paths, role):
                         f"{', '.join(held[:5]) + (', ...' if len(held) > 5 else '') if held else 'nothing'}); "
                         "restore the shard's X.npy and y.npy, or move the folder out of DATA")
             dirs.extend(subs)
+        elif os.path.exists(path):  # e.g. solve d.npz folder/: a file among several DATA
+            raise InvalidInputError(f"{role}: {path!r} is a file, and several DATA must all be shard folders (each "
+                                    "with X.npy and y.npy); pass a .npz file alone, as the only DATA")
         else:
             raise InvalidInputError(f"{role}: {path!r} not found")
     return dirs

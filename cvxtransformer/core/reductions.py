@@ -29,12 +29,14 @@ Example
 >>> bool(np.array_equal(P.reduction.coefficients(P, heads), Z))
 True
 """
-from dataclasses import fields
+import dataclasses
 
 import numpy as np
 
 from .errors import invalid
 from .problem import check_problem
+from .registry import families
+from .validation import _as_real
 
 # the losses of every built-in family but program (8)
 ALL_LOSSES = ("squared", "logistic", "cross_entropy")
@@ -97,11 +99,58 @@ def recover_weights(problem, Z, form="balanced"):
     return check_problem(problem).reduction.invert(problem, problem.program.check_Z(Z), form)
 
 
+def heads_of(weights, name="weights"):
+    """``weights`` as the heads of a registered family with every array field a CPU ndarray, or None when
+    ``weights`` is neither heads nor a dict.
+
+    ``weights``: any registered family's heads (its reduction's ``heads`` dataclass) or a dict of their
+    fields (the family whose required fields are its keys, and no other keys). Each array field may be
+    an ndarray, a torch tensor (on any device, requiring grad or not: taken by value, detached, moved to
+    the CPU) or an array-like (nested lists); real values become float64 (float32, float16 and bfloat16
+    values are exact in it) and integers (gate indices) int64, so that every family computes in float64.
+    Strings (``form``) and None are kept. Anything else is refused naming the field, e.g.
+    ``weights.W1: expected a numeric array of the heads' values, got booleans``."""
+    kinds = tuple(dict.fromkeys(f.reduction.heads for f in families().values()))  # each family's heads
+    if isinstance(weights, dict):
+        weights = _from_dict(weights, kinds, name)
+    if not isinstance(weights, kinds):
+        return None
+    fields = {}
+    for field in dataclasses.fields(weights):
+        value = getattr(weights, field.name)
+        if value is field.default or isinstance(field.default, str):  # gate=None; form (checked by the family)
+            continue
+        if value is None:
+            raise invalid(f"{name}.{field.name}", "an array of the heads' values", "None")
+        a = _as_real(f"{name}.{field.name}", value, "the heads' values")
+        fields[field.name] = a.astype(np.int64 if a.dtype.kind in "iu" else np.float64)
+    return dataclasses.replace(weights, **fields)
+
+
+def _from_dict(weights, kinds, name):
+    """The heads of the family whose required fields are the dict's keys (and no other keys)."""
+    keys = set(weights)
+    fields = {kind: [(f.name, f.default is dataclasses.MISSING) for f in dataclasses.fields(kind)] for kind in kinds}
+    for kind, named in fields.items():
+        if {n for n, required in named if required} <= keys <= {n for n, _ in named}:
+            return kind(**weights)
+    raise invalid(name, "a dict with " + ", or ".join(
+        ", ".join(n if required else f"({n})" for n, required in named) + f" ({kind.__name__})"
+        for kind, named in fields.items()), f"keys {sorted(map(str, keys))}")
+
+
 def nonconvex_objective(problem, weights):
-    """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in numpy."""
+    """The weight-decay objective of the network with ``weights`` on ``problem``'s data, in float64 numpy:
+    ``weights`` as :func:`heads_of` takes them (heads or a dict of their fields; tensors, float32 values
+    and lists included). Where the family projects weights onto its constraint set within rounding
+    (attention rows of (9)/(11), :meth:`~.attention.Proposition1.coefficients`), the objective is that
+    of the projected weights, the network :func:`cvxtransformer.certify_network` certifies."""
     reduction = check_problem(problem).reduction
-    reduction.coefficients(problem, weights)  # checks the weights (their type and shapes) by name
-    return reduction.objective(problem, weights)
+    heads = heads_of(weights)
+    if heads is None:
+        heads = weights  # not heads: the family's coefficients refuses it by name
+    reduction.coefficients(problem, heads)  # checks the weights (their type and shapes) by name
+    return float(reduction.objective(problem, heads))
 
 
 # ---- what the families of heads (or units) with weight decay share (generic: no family is named here)
@@ -111,7 +160,7 @@ class Heads:
 
     @property
     def heads(self):
-        return len(getattr(self, fields(self)[0].name))
+        return len(getattr(self, dataclasses.fields(self)[0].name))
 
 
 def checked_weights(label, arrays, shapes):

@@ -42,6 +42,10 @@ MODULES = {
                                  "gated_mhsa": "gated-ReLU multi-head self-attention (a nuclear norm per gate)"},
     "cvxtransformer.core.mixer": {"mixer": "gated-ReLU token mixing, the MLP-Mixer layer (a nuclear norm per gate)"},
 }
+# the gate arrays of each built-in family that has some (its program class's gate_array_kinds, with their shapes),
+# listed here for the command line's help too, which imports no family module (a test checks them)
+BUILTIN_GATE_ARRAYS = {12: {"U1": "(h, n)", "U2": "(h, d)"}, "12wd": {"U1": "(h, n)", "U2": "(h, d)"},
+                       "gated_mhsa": {"H": "(P, d, d)"}, "mixer": {"G": "(P, n)"}}
 # the options of make_problem that every family may take (besides its gate arrays)
 SHARED_OPTIONS = ("gates", "gate_seed")
 ENTRY_POINTS = "cvxtransformer.families"  # the entry-point group of the families of installed packages
@@ -93,6 +97,16 @@ def builtin_names():
     """The built-in families' names and a line on each, without importing their modules (for the command
     line's help)."""
     return {name: line for names in MODULES.values() for name, line in names.items()}
+
+
+def builtin_gate_arrays():
+    """The built-in families' gate arrays in a line, e.g. ``"U1 (h, n), U2 (h, d) for --program 12, 12wd; H (P,
+    d, d) for gated_mhsa; ..."``, without importing their modules (for the command line's help)."""
+    takers = {}  # the arrays (with shapes) -> the families that take them
+    for name, arrays in BUILTIN_GATE_ARRAYS.items():
+        takers.setdefault(tuple(arrays.items()), []).append(str(name))
+    return "; ".join(", ".join(f"{k} {shape}" for k, shape in arrays) + " for --program " + ", ".join(names)
+                     for arrays, names in takers.items())
 
 
 def gate_arrays():

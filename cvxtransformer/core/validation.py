@@ -42,9 +42,32 @@ def check_fraction(name, value, what="a number in (0, 1)"):
     return float(value)
 
 
+TOL_FLOOR = 1e-15  # the smallest relative gap tolerance taken: float64 resolves P and D to about 1e-16 of them
+
+
 def check_tol(tol, name="tol"):
-    """A relative duality gap tolerance: 0 < tol < 1."""
-    return check_fraction(name, tol, "a relative gap in (0, 1), e.g. 1e-6")
+    """A relative duality gap tolerance: ``TOL_FLOOR <= tol < 1`` (below it the gap is rounding, and a tol of
+    1e-320 certified nothing but printed a negative relative gap)."""
+    tol = check_fraction(name, tol, "a relative gap in (0, 1), e.g. 1e-6")
+    if tol < TOL_FLOOR:
+        raise invalid(name, f"a relative gap in [{TOL_FLOOR:g}, 1) (float64 resolves no smaller one)", repr(tol),
+                      "pass 1e-15 or more, or an absolute tolerance (atol) near interpolation")
+    return tol
+
+
+SEED_MAX = 2**64 - 1  # the largest seed numpy's and torch's generators both take
+
+
+def check_seed(name, value):
+    """A random seed: an integer in [0, 2^64 - 1] (torch's generators overflow beyond)."""
+    return check_int(name, value, 0, SEED_MAX)
+
+
+def check_bool(name, value):
+    """True or False (numpy's bools too): a string such as "no" is refused, never taken for its truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise invalid(name, "True or False", repr(value))
+    return bool(value)
 
 
 def check_choice(name, value, choices):
@@ -64,8 +87,10 @@ def _as_real(name, a, what):
         raise invalid(name, f"a dense array of {what}", f"a scipy sparse {type(a).__name__}",
                       "convert it with .toarray()")
     given = type(a).__name__
-    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):  # a tensor that requires grad: its values
-        a = a.detach().cpu()
+    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):  # a tensor (any device, requiring grad or
+        a = a.detach().cpu()                                               # not): its values
+        if a.is_floating_point() and a.element_size() < 4:  # float16, bfloat16 (which numpy lacks): exact in float32
+            a = a.float()
     try:
         a = np.asarray(a)
     except (TypeError, ValueError):  # ragged nested lists

@@ -14,8 +14,8 @@ and returns a JSON-ready dict (numbers, lists, bools; see :func:`summarize_layer
 import re
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from ..nn.trainer import tracked
 from .measure import (bert_layer_matrices, descended, encoder_layer_matrices, energy_minimum, implied_weights,
                       layer_energy, measure_layers, measure_unfolded)
 
@@ -55,7 +55,7 @@ def run_unfolded(sentences, dim=16, layers=12, alpha2=0.5, lam=1.0, anchor="inpu
     table = torch.randn(len(vocab), dim, generator=torch.Generator().manual_seed(seed + 1),
                         dtype=torch.float64).numpy()
     energies, minima, flags = [], [], []
-    for i in tqdm(ids, desc="unfolded", disable=not progress, leave=False):
+    for i in tracked(ids, "unfolded", progress):
         X = table[i]
         E, ok = measure_unfolded(net, X)
         energies.append(E)
@@ -133,7 +133,7 @@ def _measure_stack(hidden_list, weights, lam, anchor, progress, desc):
     per_sentence, norms = [], []
     L = len(weights)
     control = np.zeros((L, L))
-    for hidden in tqdm(hidden_list, desc=desc, disable=not progress, leave=False):
+    for hidden in tracked(hidden_list, desc, progress):
         hidden = list(hidden)
         per_sentence.append(measure_layers(hidden, weights, lam, anchor))
         norms.append([float(np.linalg.norm(h, axis=-1).mean()) for h in hidden])

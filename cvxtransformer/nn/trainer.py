@@ -24,6 +24,7 @@ Example
 ((51,), True)
 """
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ..core.errors import invalid
 from ..core.losses import get_loss
-from ..core.validation import check_allocation, check_beta, check_choice, check_positive, format_bytes
+from ..core.validation import check_allocation, check_beta, check_choice, check_positive, check_seed, format_bytes
 
 OPTIMIZERS = ("adam", "sgd")
 
@@ -58,6 +59,75 @@ class FitOutcome:
     times: list
 
 
+LOG_EVERY = 30.0  # seconds between the plain progress lines written where no bar can be drawn
+
+
+class Progress:
+    """The progress of a loop of ``total`` steps on ``stream`` (stderr), when ``show``: tqdm's bar on a
+    terminal (or a notebook); elsewhere (a log file, a pipe), where each redraw of a bar would add to the
+    log, one plain line every ``every`` seconds and one at the end, ``desc: step s/total, objective v, t s``.
+
+    >>> import io
+    >>> log = io.StringIO()  # not a terminal
+    >>> p = Progress(3, "demo", True, stream=log)
+    >>> for _ in range(3):
+    ...     p.update(objective=1.5)
+    >>> p.close()
+    >>> log.getvalue().split(", ")[:2]  # then the seconds it took
+    ['demo: step 3/3', 'objective 1.5']
+    """
+
+    def __init__(self, total, desc, show, every=LOG_EVERY, stream=None):
+        self.total, self.desc, self.every, self.stream = total, desc, every, stream or sys.stderr
+        self.step, self.info, self.start = 0, {}, time.perf_counter()
+        notebook = any(c.__name__ == "tqdm_notebook" for c in tqdm.__mro__)  # tqdm.auto chose the notebook's
+        bars = bool(show) and (notebook or _is_terminal(self.stream))
+        self.bar = tqdm(total=total, desc=desc, leave=False, file=self.stream) if bars else None
+        self.lines = bool(show) and not bars
+        self.last = self.start
+
+    def update(self, n=1, **info):
+        """``n`` more steps done; ``info`` (e.g. ``objective=v``) is shown with them."""
+        self.step += n
+        self.info.update(info)
+        if self.bar is not None:
+            self.bar.update(n)
+            if info:
+                self.bar.set_postfix({k: f"{v:.6g}" for k, v in info.items()}, refresh=False)
+        elif self.lines and time.perf_counter() - self.last >= self.every:
+            self._line()
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        elif self.lines:
+            self._line()
+
+    def _line(self):
+        self.last = time.perf_counter()
+        shown = "".join(f", {k} {v:.6g}" for k, v in self.info.items())
+        of = "" if self.total is None else f"/{self.total}"
+        print(f"{self.desc}: step {self.step}{of}{shown}, {self.last - self.start:.1f} s", file=self.stream, flush=True)
+
+
+def tracked(items, desc, show):
+    """``items`` one by one, their progress shown as :class:`Progress` shows it (``show``)."""
+    bar = Progress(len(items) if hasattr(items, "__len__") else None, desc, show)
+    try:
+        for item in items:
+            yield item
+            bar.update()
+    finally:
+        bar.close()
+
+
+def _is_terminal(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def fit(optimizer, step_objective, n_samples, steps, batch_size=None, seed=0, eval_every=1, evaluate=None,
         before_step=None, after_step=None, time_limit=None, threads=1, progress=False, desc=""):
     """Run ``steps`` optimisation steps of ``optimizer``.
@@ -78,17 +148,18 @@ def fit(optimizer, step_objective, n_samples, steps, batch_size=None, seed=0, ev
         status to stop), ``after_step()`` timed (e.g. a projection)
     time_limit : stop when the optimisation time reaches it (seconds)
     threads : torch intra-op threads during the run (restored afterwards); None: torch's setting
-    progress, desc : a tqdm progress bar, with its description
+    progress, desc : show the progress (:class:`Progress`: a bar on a terminal, plain lines in a log), with
+        its description
 
     A non-finite step objective stops the run with status "diverged" (before the update).
     """
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    generator = torch.Generator().manual_seed(int(seed))
+    generator = torch.Generator().manual_seed(check_seed("seed", seed))
     order, cursor, elapsed, status = None, n_samples, 0.0, "finished"
     values, times, evaluated = [], [], None
-    bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False)
+    bar = Progress(steps, desc, progress)
     step = 0
     try:
         for step in range(steps + 1):
@@ -127,9 +198,7 @@ def fit(optimizer, step_objective, n_samples, steps, batch_size=None, seed=0, ev
             if after_step is not None:
                 after_step()
             elapsed += time.perf_counter() - start
-            bar.update(1)
-            if step % eval_every == 0:
-                bar.set_postfix(objective=f"{values[-1]:.6g}", refresh=False)
+            bar.update(1, objective=values[-1])
         if evaluate is not None and evaluated != step:
             evaluate(step, elapsed)
     finally:
@@ -264,7 +333,7 @@ def train(network, X, T, loss, beta, optimizer="adam", lr=1e-2, steps=1000, batc
     threads : torch intra-op threads while training (restored afterwards); 1 by default, since
         these networks are small and one thread is fastest and steady on a shared CPU; None
         leaves torch's setting
-    progress : show a tqdm progress bar
+    progress : show the progress (a tqdm bar on a terminal, a plain line every 30 s in a log)
 
     Returns
     -------

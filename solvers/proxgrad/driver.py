@@ -44,7 +44,7 @@ from cvxtransformer.core.data import file_backed
 from cvxtransformer.core.errors import SolverError, invalid
 from cvxtransformer.core.problem import ConvexProblem
 from cvxtransformer.core.result import BackendOutput, Check
-from cvxtransformer.core.validation import check_choice, check_positive, check_tol
+from cvxtransformer.core.validation import check_bool, check_choice, check_positive, check_tol
 
 from ..base import Solver
 from .certifier import Certifier
@@ -138,6 +138,8 @@ class ProxGrad(Solver):
         o["check_every"] = check_positive("check_every", o["check_every"], integer=True)
         o["p0"] = check_positive("p0", o["p0"], integer=True)
         o["threads"] = check_positive("threads", o["threads"], integer=True, none_ok=True)
+        for flag in ("progress", "screen", "working_set"):
+            o[flag] = check_bool(flag, o[flag])
         check_choice("screen_norms", o["screen_norms"], ("auto", "exact"))
         check_choice("method", o["method"], METHODS)
         layout = problem.regularizer.gram_layout
