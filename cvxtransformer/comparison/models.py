@@ -198,9 +198,9 @@ MODELS = {
     "gated": Model("(11)", ATTENTION_PROGRAMS, _program_12, partial(_attention, "GatedAttention"), _groups,
                    colour="tab:red"),
     "alternative_wd": Model("(9w)", WD_PROGRAMS, _program_10wd, partial(_attention, "WeightDecayAttention"), _support,
-                            colour="tab:green"),
+                            colour="tab:pink"),
     "gated_wd": Model("(11w)", WD_PROGRAMS, _program_12wd, partial(_attention, "GatedWeightDecayAttention"), _support,
-                      colour="tab:olive"),
+                      colour="darkgoldenrod"),
     "softmax": Model("(3)", ATTENTION_PROGRAMS, None, _softmax, colour="tab:purple"),
     "convex": Model(None, ATTENTION_PROGRAMS, _itself, _convex, colour="tab:cyan"),
 }
