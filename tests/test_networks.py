@@ -144,7 +144,7 @@ def test_float32_networks_run():
 def test_errors_name_the_argument():
     with pytest.raises(ct.InvalidInputError, match="heads"):
         AlternativeAttention(4, 3, 2, -1)
-    with pytest.raises(ct.InvalidInputError, match="W1: expected rows on the simplex"):
+    with pytest.raises(ct.InvalidInputError, match="W1: expected attention rows on the simplex"):
         AlternativeAttention(2, 1, 1, 0).set_weights([[0.7, 0.7]], [[1.0]], [[1.0]])
     with pytest.raises(ct.InvalidInputError, match="W1, W2, W3"):
         AlternativeAttention(2, 1, 1, 0).set_weights([[0.5, 0.5]], [[1.0, 2.0]], [[1.0]])

@@ -368,3 +368,23 @@ def test_command_line_solve_and_verify(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["certified"]
     assert main(["solve", str(data), "--program", "10wd", "--loss", "logistic", "--beta", "1"]) == 2
     assert "use program 8 or 12" in capsys.readouterr().err
+
+
+def test_networks_take_heads_as_torch_gives_them():
+    """The package's networks load heads from float32 tensors that require grad (a softmax's rows are within
+    float32's rounding of the simplex: projected, not refused) and compute their objective in float64."""
+    from cvxtransformer.nn.networks import GatedWeightDecayAttention, WeightDecayAttention
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 4, generator=g, requires_grad=True)  # float32, torch's default
+    W2, W3 = torch.randn(5, 3, generator=g, requires_grad=True), torch.randn(5, 2, generator=g, requires_grad=True)
+    heads = AttentionHeads(torch.softmax(logits, dim=1), W2, W3)
+    net = WeightDecayAttention.from_weights(heads)
+    assert net.W1.dtype == torch.float64
+    np.testing.assert_allclose(net.W1.detach().sum(dim=1).numpy(), 1.0, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(net.W2.detach().numpy(), W2.detach().double().numpy(), rtol=0, atol=0)
+    X = np.random.default_rng(0).standard_normal((7, 4, 3))
+    U1, U2 = np.ones((2, 4)), np.ones((2, 3))
+    gated = GatedWeightDecayAttention.from_weights(AttentionHeads(heads.W1, W2, W3, gate=np.array([0, 1, 0, 1, 0])),
+                                                   U1, U2)
+    assert gated.heads == 5 and gated.encode_inputs(X)[1].shape == (7, 5)

@@ -698,7 +698,7 @@ def _bilinear(W1, X, W2, chunk=256):
 ROW_ROUNDINGS = 256  # how far attention rows may be off the simplex: this many roundings of their precision per entry
 
 
-def simplex_rows(W1):
+def simplex_rows(W1, name="weights.W1"):
     """Attention rows ``W1`` (m, n), float64, on the simplex: rows within rounding of it, ``ROW_ROUNDINGS * eps *
     n`` (eps of float32 when every entry is a float32 number, as torch's softmax gives them, else of float64),
     are projected onto it in float64 (rows on it are kept as they are); rows further off are refused."""
@@ -711,7 +711,7 @@ def simplex_rows(W1):
     tol = ROW_ROUNDINGS * np.finfo(precision).eps * n
     sums = W1.sum(axis=1)
     if W1.min() < -tol or np.max(np.abs(sums - 1.0)) > tol:
-        raise invalid("weights.W1", f"attention rows on the simplex (nonnegative, summing to 1 within {tol:.2g}, the "
+        raise invalid(name, f"attention rows on the simplex (nonnegative, summing to 1 within {tol:.2g}, the "
                       f"rounding of {precision} rows of {n})",
                       f"min {W1.min():.3g}, row sums off by {np.max(np.abs(sums - 1)):.3g}",
                       "only such networks are bounded by the program; parametrise each row as a softmax "

@@ -53,11 +53,16 @@ import torch
 
 from ..core.errors import invalid
 from ..core.losses import get_loss, project_rows_to_simplex
-from ..core.attention import AttentionHeads, Proposition1, gate_mask
+from ..core.attention import AttentionHeads, Proposition1, gate_mask, simplex_rows
 from ..core.validation import check_array, check_int
 
+def _array(a):
+    """``a`` as a float64 ndarray; a tensor (on any device, requiring grad or not) is taken by value."""
+    return np.asarray(a.detach().cpu() if torch.is_tensor(a) else a, dtype=float)
+
+
 def _tensor(a, dtype, device):
-    return torch.as_tensor(np.asarray(a, dtype=float), dtype=dtype, device=device)
+    return torch.as_tensor(_array(a), dtype=dtype, device=device)
 
 
 # ----------------------------------------------------------------------------- base class
@@ -147,15 +152,14 @@ class AlternativeAttention(Network):
 
     @torch.no_grad()
     def set_weights(self, W1, W2, W3):
-        """Set the weights (shapes (m, n), (m, d), (m, c)); ``W1`` rows must lie on the simplex."""
-        W1, W2, W3 = (np.asarray(a, dtype=float) for a in (W1, W2, W3))
+        """Set the weights (shapes (m, n), (m, d), (m, c); arrays or tensors); ``W1`` rows must lie on the simplex
+        (within the rounding of their precision: :func:`~cvxtransformer.core.attention.simplex_rows`)."""
+        W1, W2, W3 = (_array(a) for a in (W1, W2, W3))
         m = W1.shape[0]
         if W1.shape != (m, self.n) or W2.shape != (m, self.d) or W3.shape != (m, self.c):
             raise invalid("W1, W2, W3", f"shapes (m, {self.n}), (m, {self.d}), (m, {self.c})",
                           f"{W1.shape}, {W2.shape}, {W3.shape}")
-        if m and (W1.min() < -1e-12 or np.max(np.abs(W1.sum(axis=1) - 1.0)) > 1e-9):
-            raise invalid("W1", "rows on the simplex (nonnegative, summing to 1)",
-                          f"min {W1.min():.3g}, row sums off by {np.max(np.abs(W1.sum(axis=1) - 1)):.3g}")
+        W1 = simplex_rows(W1, "W1")  # rows within rounding of the simplex (a float32 softmax) projected onto it
         for name, a in (("W1", W1), ("W2", W2), ("W3", W3)):
             setattr(self, name, torch.nn.Parameter(_tensor(a, self.dtype, self.device)))
         return self
@@ -265,7 +269,7 @@ def _checked_gate(gate, heads, h, rows):
 def _balanced(weights, ord=1):
     """The heads rebalanced to the balanced form's penalty (``ord``: the norm on W3, 1 for (9)/(11), 2 for
     ordinary weight decay)."""
-    W1, W2, W3 = (np.asarray(a, dtype=float) for a in (weights.W1, weights.W2, weights.W3))
+    W1, W2, W3 = (_array(a) for a in (weights.W1, weights.W2, weights.W3))
     if Proposition1.check_form(weights.form, "weights.form") == "balanced" or W1.shape[0] == 0:
         return W1, W2, W3
     r2, r3 = np.linalg.norm(W2, axis=1), np.linalg.norm(W3, ord=ord, axis=1)
@@ -354,7 +358,7 @@ class SoftmaxAttention(Network):
         shapes = {"Wq": (self.d, self.d), "Wk": (self.d, self.d), "Wv": (self.d, self.d),
                   "Wo": (self.d, self.c_token)}
         for name, a in zip(shapes, (Wq, Wk, Wv, Wo)):
-            a = np.asarray(a, dtype=float)
+            a = _array(a)
             if a.shape != shapes[name]:
                 raise invalid(name, f"shape {shapes[name]}", f"shape {a.shape}")
             setattr(self, name, torch.nn.Parameter(_tensor(a, self.dtype, self.device)))

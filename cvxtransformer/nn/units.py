@@ -8,7 +8,7 @@ import torch
 
 from ..core.errors import invalid
 from ..core.validation import check_int
-from .networks import Network, _checked_gate, _tensor
+from .networks import Network, _array, _checked_gate, _tensor
 
 
 class Units(Network):
@@ -50,7 +50,7 @@ class Units(Network):
     @torch.no_grad()
     def set_weights(self, *weights):
         """Set the weights (in the order of ``weight_names``, each (m, ...) of :meth:`weight_shapes`)."""
-        weights = [np.asarray(w, dtype=float) for w in weights]
+        weights = [_array(w) for w in weights]
         shapes = [(len(weights[0]),) + s for s in self.weight_shapes()] if weights[0].ndim else []
         if [w.shape for w in weights] != shapes:
             wanted = " and ".join("(m, " + ", ".join(map(str, s)) + ")" for s in self.weight_shapes())
@@ -75,7 +75,7 @@ class GatedUnits(Units):
     def _set_gate_array(self, array, shape, gate):
         """Check the gate array (P, *shape), P >= 1, keep it, and set each head's gate."""
         name, kind = self.gating[:2]
-        array = np.asarray(array, dtype=float)
+        array = _array(array)
         if array.shape[1:] != tuple(shape) or array.ndim != 1 + len(shape) or array.shape[0] == 0:
             raise invalid(name, f"{kind} of shape (P, {', '.join(map(str, shape))}), P >= 1", f"shape {array.shape}")
         setattr(self, name, array)
