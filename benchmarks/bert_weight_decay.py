@@ -231,7 +231,7 @@ def run(argv=None):
         with open(results) as f:
             r = json.load(f)
     else:
-        start = (time.time(), load())
+        start, loadavg_start = (time.time(), load()), list(os.getloadavg())
         data_path = args.data
         if data_path is None:
             data_path = os.path.join(tempfile.mkdtemp(prefix="bert_wd_data_"), "DATA.npz")
@@ -243,7 +243,7 @@ def run(argv=None):
         r = experiment(data_path, QUICK_GRID if args.quick else EXACT_GRID, QUICK_TUNE if args.quick else TUNE,
                        QUICK_STEPS if args.quick else STEPS, TOL)
         r.update(wall_seconds=time.perf_counter() - t0, target=args.target, machine=machine(threads=1),
-                 measured=measured(start), loadavg_end=list(os.getloadavg()), loadavg_start=start[1])
+                 measured=measured(start), loadavg_start=loadavg_start, loadavg_end=list(os.getloadavg()))
         with open(results, "w") as f:
             json.dump(r, f, indent=1)
     plot(r, os.path.join(figures, "validation.png"))
