@@ -247,7 +247,9 @@ def run(argv=None):
         with open(results, "w") as f:
             json.dump(r, f, indent=1)
     plot(r, os.path.join(figures, "validation.png"))
-    lines = tables(r) + ["", f"Machine: {r['machine']}. {r['measured']}"]
+    start, end = (" / ".join(f"{v:.1f}" for v in r[k]) for k in ("loadavg_start", "loadavg_end"))
+    lines = tables(r) + ["", f"Machine: {r['machine']}. {r['measured']} Load average (1, 5, 15 min): {start} at "
+                             f"the start, {end} at the end."]
     print("\n".join(lines))
     if doc is not None:
         command = "python benchmarks/bert_weight_decay.py" + (" --target " + r["target"] if r["target"] != "block" else "")
