@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bert_report import DATA, quick, timed  # noqa: E402
-from common import ROOT, load, machine, measured, write_doc  # noqa: E402
+from common import ROOT, commit, load, machine, measured, write_doc  # noqa: E402
 
 DOC = ROOT / "docs" / "bert_student_teacher.md"
 FIGURES = ROOT / "docs" / "figures" / "bert" / "weight_decay"
@@ -231,7 +231,7 @@ def run(argv=None):
         with open(results) as f:
             r = json.load(f)
     else:
-        start, loadavg_start = (time.time(), load()), list(os.getloadavg())
+        start, loadavg_start, head = (time.time(), load()), list(os.getloadavg()), commit()  # the code measured
         data_path = args.data
         if data_path is None:
             data_path = os.path.join(tempfile.mkdtemp(prefix="bert_wd_data_"), "DATA.npz")
@@ -243,7 +243,7 @@ def run(argv=None):
         r = experiment(data_path, QUICK_GRID if args.quick else EXACT_GRID, QUICK_TUNE if args.quick else TUNE,
                        QUICK_STEPS if args.quick else STEPS, TOL)
         r.update(wall_seconds=time.perf_counter() - t0, target=args.target, machine=machine(threads=1),
-                 measured=measured(start), loadavg_start=loadavg_start, loadavg_end=list(os.getloadavg()))
+                 measured=measured(start).replace(commit(), head, 1), loadavg_start=loadavg_start, loadavg_end=list(os.getloadavg()))
         with open(results, "w") as f:
             json.dump(r, f, indent=1)
     plot(r, os.path.join(figures, "validation.png"))
