@@ -30,7 +30,6 @@ docs/bert_student_teacher.md (--doc). Needs ``transformers`` and ``pip install -
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bert_report import DATA, quick, timed  # noqa: E402
-from common import ROOT, commit, load, machine, measured, write_doc  # noqa: E402
+from common import ROOT, commit, load, machine, measured, replace_block, write_doc  # noqa: E402
 
 DOC = ROOT / "docs" / "bert_student_teacher.md"
 FIGURES = ROOT / "docs" / "figures" / "bert" / "weight_decay"
@@ -197,16 +196,6 @@ def plot(r, path):
     plt.close(fig)
 
 
-def replace_block(text, target, lines, command):
-    """``text`` with the generated block of ``target`` replaced by ``lines``."""
-    start, end = f"<!-- generated: weight decay, {target}", f"<!-- end generated: weight decay, {target} -->"
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"no block for {target!r} (markers {start} ... {end})")
-    block = "\n".join([f"{start} by `{command}`: do not edit by hand -->", ""] + lines + ["", end])
-    return pattern.sub(lambda _: block, text)
-
-
 def run(argv=None):
     import torch
 
@@ -253,7 +242,7 @@ def run(argv=None):
     print("\n".join(lines))
     if doc is not None:
         command = "python benchmarks/bert_weight_decay.py" + (" --target " + r["target"] if r["target"] != "block" else "")
-        write_doc(doc, replace_block(open(doc).read(), r["target"], lines, command).rstrip("\n").split("\n"))
+        write_doc(doc, replace_block(open(doc).read(), f"weight decay, {r['target']}", lines, command, doc).rstrip("\n").split("\n"))
     return 0
 
 
