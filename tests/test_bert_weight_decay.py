@@ -97,3 +97,28 @@ def test_bert_weight_decay_script_on_a_tiny_data_file(tmp_path, capsys):
         assert m["heads"] == (row["support_size"] if program == "10wd" else Z.shape[0] * Z.shape[1])
         assert f"**{chosen['primal_objective']:.6g}**" in text and f"| {m['heads']} |" in text
     capsys.readouterr()
+
+
+def test_bert_native_width_script_measures_compare_with_its_new_default(tmp_path):
+    """bert_native_width.py on a tiny DATA file with sequence targets (c = n d >= 2 outputs): compare trains network
+    (9w) with as many heads as 10wd's optimum needs, and each command is measured in its own child process."""
+    from bert_native_width import run
+
+    data(tmp_path / "DATA.npz")
+    doc = tmp_path / "page.md"
+    marker = "native width, threads-1"
+    doc.write_text(f"<!-- generated: {marker} -->\nSTALE-LINE\n<!-- end generated: {marker} -->\n")
+    assert run(["--data", str(tmp_path / "DATA.npz"), "--threads", "1", "--figures", str(tmp_path),
+                "--doc", str(doc), "--keep", str(tmp_path / "work")]) == 0
+    r = json.loads((tmp_path / "threads-1.json").read_text())
+    m, s = r["run"], r["compare"]
+    assert r["data"] is None and m["exit_code"] == 0 and s["certified"]
+    assert m["max_rss_bytes"] > 50 * 2 ** 20  # the child's own peak: it imports torch
+    assert 0 < m["user_seconds"] + m["system_seconds"] <= m["wall_seconds"] * os.cpu_count() + 1
+    assert set(s["models"]) == {"alternative_wd", "softmax"} and set(s["convex"]) == {"10", "10wd"}
+    assert s["models"]["alternative_wd"]["heads"] == s["convex"]["10wd"]["support_size"] >= 1
+    with open(tmp_path / "work" / "RUN" / "compare.json") as f:
+        assert json.load(f)["convex"]["10wd"]["solve_seconds"] == s["convex"]["10wd"]["solve_seconds"]
+    text = doc.read_text()
+    assert "STALE-LINE" not in text and "`python benchmarks/bert_native_width.py --threads 1`" in text
+    assert "exact solve of (10wd)" in text and "OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = 1" in text
