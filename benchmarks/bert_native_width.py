@@ -3,6 +3,7 @@ step, the table of the section "At the native width" of docs/bert_student_teache
 
     python benchmarks/bert_native_width.py                # the threads torch and OpenBLAS choose
     python benchmarks/bert_native_width.py --threads 1    # OMP/OpenBLAS/MKL_NUM_THREADS=1 in the commands
+    python benchmarks/bert_native_width.py --threads 1 --models alternative,softmax   # the old default: network (9)
     python benchmarks/bert_native_width.py --quick        # a smoke run (seconds; the page untouched)
 
 Runs, each in a child process measured by ``os.wait4`` (wall time, user + system CPU time, peak RSS):
@@ -78,6 +79,7 @@ def run(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="OMP/OPENBLAS/MKL_NUM_THREADS of the commands "
                         "(default: unset, the libraries' own choice)")
+    parser.add_argument("--models", help="compare --models (default: compare's own default)")
     parser.add_argument("--data", help="a DATA.npz instead of bert-data")
     parser.add_argument("--figures", help="where the JSON goes (default docs/figures/bert/native; --quick: a "
                         "temporary folder)")
@@ -101,14 +103,16 @@ def run(argv=None):
         r["loadavg_after_data"] = list(os.getloadavg())
         if r["data"]["exit_code"]:
             return r["data"]["exit_code"]
-    r["run"] = measure(["compare", data_path, *COMPARE, "--out-dir", run_dir], env)
+    models = [] if args.models is None else ["--models", args.models]
+    r["run"] = measure(["compare", data_path, *COMPARE, *models, "--out-dir", run_dir], env)
     if r["run"]["exit_code"] not in (0, 1):
         return r["run"]["exit_code"]
     with open(os.path.join(run_dir, "compare.json")) as f:
         r["compare"] = {k: v for k, v in json.load(f).items() if k not in ("out_dir", "tuning")}
     r.update(machine=machine(), measured=measured(start).replace(commit(), head, 1), loadavg_start=loadavg_start,
              loadavg_end=list(os.getloadavg()))
-    name = "threads-default" if args.threads is None else f"threads-{args.threads}"
+    name = ("threads-default" if args.threads is None else f"threads-{args.threads}") + (
+        "" if args.models is None else "-" + args.models.replace(",", "-"))
     with open(os.path.join(figures, f"{name}.json"), "w") as f:
         json.dump(r, f, indent=1)
     loads = [" / ".join(f"{v:.1f}" for v in r[k]) for k in ("loadavg_start", "loadavg_end")]
@@ -119,7 +123,8 @@ def run(argv=None):
                        f"the start, {loads[1]} at the end."]
     print("\n".join(lines))
     if doc is not None:
-        command = "python benchmarks/bert_native_width.py" + ("" if args.threads is None else f" --threads {args.threads}")
+        command = "python benchmarks/bert_native_width.py" + ("" if args.threads is None else f" --threads {args.threads}") + (
+            "" if args.models is None else f" --models {args.models}")
         write_doc(doc, replace_block(open(doc).read(), f"native width, {name}", lines, command, doc).rstrip("\n").split("\n"))
     return 0
 
