@@ -91,7 +91,8 @@ def run(argv=None):
     figures = args.figures or (tempfile.mkdtemp(prefix="bert_native_") if args.quick else str(FIGURES))
     doc = args.doc or (None if args.quick else str(DOC))
     work = args.keep or tempfile.mkdtemp(prefix="bert_native_work_")
-    os.makedirs(figures, exist_ok=True)
+    for folder in (figures, work):
+        os.makedirs(folder, exist_ok=True)
     env = dict(os.environ)
     if args.threads is not None:
         env.update({k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
