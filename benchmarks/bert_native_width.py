@@ -5,6 +5,7 @@ step, the table of the section "At the native width" of docs/bert_student_teache
     python benchmarks/bert_native_width.py --threads 1    # OMP/OpenBLAS/MKL_NUM_THREADS=1 in the commands
     python benchmarks/bert_native_width.py --threads 1 --models alternative,softmax   # the old default: network (9)
     python benchmarks/bert_native_width.py --quick        # a smoke run (seconds; the page untouched)
+    python benchmarks/bert_native_width.py --tables-only  # the block again from the JSON (with the same options)
 
 Runs, each in a child process measured by ``os.wait4`` (wall time, user + system CPU time, peak RSS):
 
@@ -87,9 +88,41 @@ def run(argv=None):
                         "--quick: none)")
     parser.add_argument("--keep", metavar="DIR", help="keep DATA.npz and RUN here (default: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--tables-only", action="store_true", help="no run: the page's block again from the JSON")
     args = parser.parse_args(argv)
     figures = args.figures or (tempfile.mkdtemp(prefix="bert_native_") if args.quick else str(FIGURES))
     doc = args.doc or (None if args.quick else str(DOC))
+    name = ("threads-default" if args.threads is None else f"threads-{args.threads}") + (
+        "" if args.models is None else "-" + args.models.replace(",", "-"))
+    if args.tables_only:
+        with open(os.path.join(figures, f"{name}.json")) as f:
+            r = json.load(f)
+    else:
+        r = measured_run(args, figures)
+        if "compare" not in r:
+            return r["exit_code"]
+        with open(os.path.join(figures, f"{name}.json"), "w") as f:
+            json.dump(r, f, indent=1)
+    loads = {k: " / ".join(f"{v:.1f}" for v in r[k]) for k in ("loadavg_start", "loadavg_after_data", "loadavg_end")
+             if r.get(k)}
+    lines = rows(r) + ["", f"Machine: {r['machine'].split(';')[0]}; threads: "
+                       + ("the libraries' own choice (torch and OpenBLAS: one per core)" if args.threads is None else
+                          f"OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = {args.threads}")
+                       + f" (training: one torch thread). {r['measured']} Load average (1, 5, 15 min): "
+                       + ", ".join(f"{v} {k.replace('loadavg_', '').replace('_', ' ').replace('data', 'bert-data')}"
+                                   .replace(" start", " at the start").replace(" end", " at the end")
+                                   for k, v in loads.items()) + "."]
+    print("\n".join(lines))
+    if doc is not None:
+        command = "python benchmarks/bert_native_width.py" + ("" if args.threads is None else f" --threads {args.threads}") + (
+            "" if args.models is None else f" --models {args.models}")
+        write_doc(doc, replace_block(open(doc).read(), f"native width, {name}", lines, command, doc).rstrip("\n").split("\n"))
+    return 0
+
+
+def measured_run(args, figures):
+    """Run the commands (bert-data unless --data, then compare) and measure them: the JSON of the run, or
+    ``{"exit_code": code}`` when one failed."""
     work = args.keep or tempfile.mkdtemp(prefix="bert_native_work_")
     for folder in (figures, work):
         os.makedirs(folder, exist_ok=True)
@@ -98,37 +131,21 @@ def run(argv=None):
         env.update({k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     start, loadavg_start, head = (time.time(), load()), list(os.getloadavg()), commit()
     data_path, run_dir = args.data or os.path.join(work, "DATA.npz"), os.path.join(work, "RUN")
-    r = {"threads": args.threads, "data": None}
+    r = {"threads": args.threads, "models": args.models, "data": None}
     if args.data is None:
         r["data"] = measure(["bert-data", *(QUICK_DATA if args.quick else DATA), "--out", data_path], env)
         r["loadavg_after_data"] = list(os.getloadavg())
         if r["data"]["exit_code"]:
-            return r["data"]["exit_code"]
+            return {"exit_code": r["data"]["exit_code"]}
     models = [] if args.models is None else ["--models", args.models]
     r["run"] = measure(["compare", data_path, *COMPARE, *models, "--out-dir", run_dir], env)
     if r["run"]["exit_code"] not in (0, 1):
-        return r["run"]["exit_code"]
+        return {"exit_code": r["run"]["exit_code"]}
     with open(os.path.join(run_dir, "compare.json")) as f:
         r["compare"] = {k: v for k, v in json.load(f).items() if k not in ("out_dir", "tuning")}
     r.update(machine=machine(), measured=measured(start).replace(commit(), head, 1), loadavg_start=loadavg_start,
              loadavg_end=list(os.getloadavg()))
-    name = ("threads-default" if args.threads is None else f"threads-{args.threads}") + (
-        "" if args.models is None else "-" + args.models.replace(",", "-"))
-    with open(os.path.join(figures, f"{name}.json"), "w") as f:
-        json.dump(r, f, indent=1)
-    loads = [" / ".join(f"{v:.1f}" for v in r[k]) for k in ("loadavg_start", "loadavg_end")]
-    lines = rows(r) + ["", f"Machine: {r['machine'].split(';')[0]}; threads: "
-                       + ("the libraries' own choice (torch and OpenBLAS: one per core)" if args.threads is None else
-                          f"OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = {args.threads}")
-                       + f" (training: one torch thread). {r['measured']} Load average (1, 5, 15 min): {loads[0]} at "
-                       f"the start, {loads[1]} at the end."]
-    print("\n".join(lines))
-    if doc is not None:
-        command = "python benchmarks/bert_native_width.py" + ("" if args.threads is None else f" --threads {args.threads}") + (
-            "" if args.models is None else f" --models {args.models}")
-        write_doc(doc, replace_block(open(doc).read(), f"native width, {name}", lines, command, doc).rstrip("\n").split("\n"))
-    return 0
-
+    return r
 
 if __name__ == "__main__":
     sys.exit(run())
