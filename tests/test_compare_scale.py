@@ -62,7 +62,8 @@ def test_issue36_compare_at_d384_on_bert_block_shaped_data_in_bounded_memory(tmp
     base_vm = int(out) * 1024
     limit = base_vm + 4 * GIB  # the old code needs 4.5 GiB more for sum_heads alone at 64 heads, 1.69 TiB at 24576
     argv = ["-m", "cvxtransformer", "compare", "data.npz", "--program", "10", "--loss", "squared", "--beta-frac",
-            "0.9", "--steps", "2", "--heads", "64", "--out-dir", "run", "--json", "--quiet"]
+            "0.9", "--steps", "2", "--heads", "64", "--models", "alternative,softmax", "--out-dir", "run", "--json",
+            "--quiet"]  # network (9), whose default heads were the 24576 of the issue (c >= 2 defaults to (9w) now)
     code, out, err, peak, seconds = _child(argv, tmp_path, limit)
     print(f"issue36 d=384: exit {code}, {seconds:.1f} s, peak RSS {peak / GIB:.2f} GiB (torch import alone "
           f"{base_rss / GIB:.2f} GiB RSS, {base_vm / GIB:.2f} GiB address space; limit {limit / GIB:.2f} GiB), "
