@@ -21,13 +21,12 @@ import contextlib
 import io
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
 
 import numpy as np
-from common import DOCS, load, machine, measured, time_to_gap, write_doc
+from common import DOCS, load, machine, measured, replace_block, time_to_gap, write_doc
 
 import cvxtransformer as ct
 from cvxtransformer.cli import main as cli
@@ -190,16 +189,6 @@ def relu(steps, quick):
 
 
 # ----------------------------------------------------------------------------- the page
-def replace_block(text, part, lines, command):
-    """``text`` with the block of ``part`` between its generated markers replaced by ``lines``."""
-    start, end = f"<!-- generated: {part}", f"<!-- end generated: {part} -->"
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{DOC}: no block for {part!r} (markers {start} ... {end})")
-    block = "\n".join([f"{start} by `{command}`: do not edit by hand -->", ""] + lines + ["", end])
-    return pattern.sub(lambda _: block, text)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("example", "timing", "relu"), action="append",
@@ -216,7 +205,7 @@ def main():
                  "relu": lambda: relu(steps, args.quick)}[part]()
         command = f"python benchmarks/bench_gated_mhsa.py --part {part}" + (" --quick" if args.quick else "")
         lines += ["", f"Machine: {machine()}. {measured(at_start)}"]
-        text = replace_block(text, part, lines, command)
+        text = replace_block(text, part, lines, command, DOC)
     write_doc(args.out, text.rstrip("\n").split("\n"))
 
 

@@ -110,6 +110,19 @@ def write_doc(path, lines):
     print(f"wrote {path}")
 
 
+def replace_block(text, part, lines, command, page="the page"):
+    """``text`` with the block of ``part`` between its generated markers (``<!-- generated: PART`` ...
+    ``<!-- end generated: PART -->``) replaced by ``lines``, the command that wrote it named in the first marker."""
+    import re
+
+    start, end = f"<!-- generated: {part}", f"<!-- end generated: {part} -->"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{page}: no block for {part!r} (markers {start} ... {end})")
+    block = "\n".join([f"{start} by `{command}`: do not edit by hand -->", ""] + lines + ["", end])
+    return pattern.sub(lambda _: block, text)
+
+
 def _time_to_gap(build, args, solver, cap, tol, options=None):
     """The solve of :func:`time_to_gap`, in the child process."""
     import warnings

@@ -265,6 +265,8 @@ def test_minilm_data_file_and_a_tuned_comparison(minilm, tmp_path, capsys):
                  "--beta-grid", "0.01,0.1", "--steps", "10", "--solver", "fista", "--out-dir", str(run), "--quiet",
                  "--json"]) == 0
     c = json.loads(capsys.readouterr().out)
-    assert set(c["models"]) == {"alternative", "softmax", "convex"} and c["splits"] == {"train": 8, "validation": 4,
-                                                                                     "test": 4}
+    # c = 6 * 4 outputs: the default network is (9w), ordinary weight decay, bounded by program 10wd
+    assert set(c["models"]) == {"alternative_wd", "softmax", "convex"} and c["splits"] == {"train": 8, "validation": 4,
+                                                                                        "test": 4}
+    assert c["models"]["alternative_wd"]["bounding_program"] == "10wd" and set(c["convex"]) == {"10", "10wd"}
     assert (run / "attention.png").stat().st_size > 0 and "attention_distance_to_teacher" in c
