@@ -629,13 +629,21 @@ class AttentionHeads:
         return self.W1.shape[0]
 
 
-def _bilinear(W1, X, W2, chunk=256):
-    """``w_1j^T X_i w_2j`` of shape (N, m) for rows ``W1`` (m, n), ``W2`` (m, d) and ``X`` (N, n, d): BLAS
-    products over chunks of heads (a three-operand ``np.einsum`` loops in C, far slower for many heads)."""
-    out = np.empty((X.shape[0], W1.shape[0]))
-    for s in range(0, W1.shape[0], chunk):
-        T = np.tensordot(X, W2[s:s + chunk], axes=([2], [1]))  # (N, n, rows)
-        out[:, s:s + chunk] = np.einsum("ikj,jk->ij", T, W1[s:s + chunk])
+def _bilinear(W1, X, W2):
+    """``w_1j^T X_i w_2j`` of shape (N, m) for rows ``W1`` (m, n), ``W2`` (m, d) and ``X`` (N, n, d): one BLAS
+    product of the samples ``(N, n d)`` with the heads' outer products ``w_1j w_2j^T`` (n d, m), all heads at
+    once (chunks of heads whose outer products take at most a few MB)."""
+    N, n, d = X.shape
+    m = W1.shape[0]
+    flat = X.reshape(N, n * d)
+    if m == 0:
+        return np.zeros((N, 0))
+    step = max(1, CHUNK_BYTES // (8 * n * d))
+    if m <= step:
+        return flat @ (W1[:, :, None] * W2[:, None, :]).reshape(m, n * d).T
+    out = np.empty((N, m))
+    for s in range(0, m, step):
+        out[:, s:s + step] = flat @ (W1[s:s + step, :, None] * W2[s:s + step, None, :]).reshape(-1, n * d).T
     return out
 
 

@@ -42,6 +42,7 @@ class Certifier:
     def __init__(self, problem, op, T):
         self.problem, self.op, self.T = problem, op, T
         self.dual_best, self.V_best, self.G_best = -math.inf, None, None
+        self.best_is_last = False  # whether the best dual point is the residual of the point checked last
 
     def check(self, x, Yhat=None):
         """Certify ``x`` (canonical, float64); ``Yhat = A x`` in float64 when already known."""
@@ -53,7 +54,8 @@ class Certifier:
             adjoint = lambda V: G1  # noqa: E731  (V = -grad L(yhat), row by row: the same V)
         primal, V, s, dual, G = scaled_residual(p.loss, p.regularizer, forward, adjoint, self.T, x, Yhat)
         primal, dual = float(primal), float(dual)
-        if dual > self.dual_best:
+        self.best_is_last = dual > self.dual_best
+        if self.best_is_last:
             self.dual_best, self.V_best, self.G_best = dual, s * V, s * G
         gap = primal - self.dual_best
         rel = relative_gap(primal, self.dual_best)

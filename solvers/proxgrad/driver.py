@@ -28,7 +28,6 @@ operators and the loss sum over the shards, every decision (step sizes, restarts
 screening, Gram or data path, budgets) is taken from numbers that are the same on every process,
 and the replicated iterate is checked to be identical at every certified check.
 """
-import contextlib
 import math
 import sys
 import time
@@ -42,6 +41,7 @@ from cvxtransformer.core.contracts import NEWTON_FACES, TORCH_BACKEND
 from cvxtransformer.core.data import file_backed
 from cvxtransformer.core.errors import SolverError, invalid
 from cvxtransformer.core.result import BackendOutput, Check
+from cvxtransformer.core.threads import limited
 from cvxtransformer.core.validation import check_choice, check_positive, check_tol
 
 from ..base import Solver
@@ -55,26 +55,9 @@ from .working_sets import working_set_for
 METHODS = ("auto", "gram", "data")
 GRAM_BYTES = 2 * 2**30  # largest Gram matrix formed on the CPU
 GEMM_SPEEDUP = {"cpu": 8.0, "cuda": 32.0}  # GEMM vs matrix-vector multiply-adds per second
-SMALL_WORK = 2e6  # multiply-adds per product below which CPU products run on one thread
 NEWTON_FEATURES = 4096  # largest Newton model, c F features (the smooth non-quadratic losses)
 NEWTON_STEPS, MODEL_ITERS = 10, 50  # typical Newton steps per subproblem, and iterations per model
 FIRST_ORDER_MIN = 200  # first-order iterations a subproblem takes at least (the Newton model's cost model)
-
-
-@contextlib.contextmanager
-def cpu_threads(device, work, threads=None):
-    """``threads`` CPU threads (one while products are small: splitting them costs more than it
-    saves, and on a loaded machine every parallel region waits for a descheduled thread)."""
-    want = 1 if work < SMALL_WORK else threads
-    if device.type != "cpu" or want is None or want == torch.get_num_threads():
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(want)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 class ProxGrad(Solver):
@@ -102,20 +85,23 @@ class ProxGrad(Solver):
         model in Gram form, wherever the operator offers one) or by first order only
     check_every : iterations between gap checks of the inner solver
     p0 : blocks in the first working set
-    threads : CPU threads for torch during the solve (None: torch's setting; small products
-        always run on one thread)
+    threads : CPU threads for torch and BLAS during the solve (None: torch's setting; small products
+        always run on one thread: :mod:`cvxtransformer.core.threads`)
     stop : callable(primal, dual) -> bool, checked at every certified check: stop early when true
         (the verifier's refinement uses it)
+    residual_dual : return the best dual point V even when it is the scaled residual of the returned Z
+        (False: V is then None, since the verifier recomputes that point from Z itself, and only a better
+        one from an earlier iterate is returned: :func:`cvxtransformer.solve` passes False)
     """
 
     name = "fista"
     forms = ("primal",)
     requires = TORCH_BACKEND
     options = ("device", "dtype", "max_iter", "time_limit", "progress", "chunk_size", "init", "screen",
-               "working_set", "method", "check_every", "p0", "screen_norms", "threads", "stop")
+               "working_set", "method", "check_every", "p0", "screen_norms", "threads", "stop", "residual_dual")
     defaults = dict(device="cpu", dtype="float64", max_iter=20_000, time_limit=None, progress=False,
                     chunk_size=None, init=None, screen=True, working_set=True, method="auto", check_every=10,
-                    p0=10, screen_norms="auto", threads=None, stop=None)
+                    p0=10, screen_norms="auto", threads=None, stop=None, residual_dual=True)
 
     def validate(self, problem, form, options):
         super().validate(problem, form, options)
@@ -143,6 +129,8 @@ class ProxGrad(Solver):
             o["init"] = problem.program.check_Z(o["init"], "init")
         if o["stop"] is not None and not callable(o["stop"]):
             raise invalid("stop", "a callable(primal, dual) -> bool or None", repr(o["stop"]))
+        if not isinstance(o["residual_dual"], bool):
+            raise invalid("residual_dual", "True or False", repr(o["residual_dual"]))
         return o
 
     def solve(self, problem, form="primal", tol=1e-6, verbose=False, atol=None, **options):
@@ -158,11 +146,12 @@ class ProxGrad(Solver):
         budget = Budget(o["max_iter"], o["time_limit"], shards)
         N = problem.program.N if shards is None else shards.total
         work = N * int(np.prod(problem.program.canonical_shape))
-        with cpu_threads(o["device"], work, o["threads"]):
+        with limited(o["threads"], work, o["device"]):
             run = _Run(problem, o, o["progress"] or verbose, t_start)
             status = run.loop(tol, budget, o, atol)
         t_end = time.perf_counter()
-        V = None if run.cert.V_best is None else run.cert.V_best.cpu().numpy()
+        own = run.cert.best_is_last  # V_best is the scaled residual of the returned point
+        V = None if run.cert.V_best is None or (own and not o["residual_dual"]) else run.cert.V_best.cpu().numpy()
         return BackendOutput(Z=run.x.cpu().numpy().reshape(problem.program.shape), V=V,
                              status=status, build_seconds=run.build_seconds,
                              solve_seconds=t_end - t_start - run.build_seconds, iterations=budget.iterations,
@@ -265,7 +254,7 @@ class _Run:
 
             size = int(np.prod(op.shape))
             work = size * (size // self.problem.program.n_outputs if method_used == "gram" else op.N_total)
-            with cpu_threads(self.device, work):
+            with limited(None, work, self.device):
                 reason = None
                 if method_used == "newton" and self.cache["warmup"] and not self.newton_needed:
                     x, ix, reason = self.first_order(sm, x, inner_tol, budget, o, on_check, slack, polish, floor,
