@@ -1,8 +1,10 @@
-"""Passes over the data: a certificate from Z reads the data twice (the forward pass for P(Z) and the
-residual, one adjoint for the dual point's feasibility), and ``ct.solve`` adds no other pass to its backend's.
+"""Passes over the data: a certificate from Z reads the data twice at most (the forward pass for P(Z) and
+the residual, which reads the tokens where Z is nonzero only, and one adjoint for the dual point's
+feasibility), and ``ct.solve`` adds no other pass to its backend's.
 
-An operator that counts its calls (forward, adjoint, forward_adjoint) and the rows of X it reads (in
-units of whole passes over X) watches every product of programs (8), (10) and (12).
+An operator that counts its calls (forward, adjoint, forward_adjoint) and the entries of X it reads (in
+units of whole passes over X: rows gathered by ``rows``, and rows of tokens read in place by ``_runs_of``)
+watches every product of programs (8), (10) and (12).
 """
 import numpy as np
 import pytest
@@ -21,13 +23,14 @@ class Counts:
         self.size = X.size
         for name in self.calls:
             monkeypatch.setattr(AttentionOperator, name, self._counted(name, getattr(AttentionOperator, name)))
-        rows = AttentionOperator.rows
+        for name in ("rows", "_runs_of"):
+            monkeypatch.setattr(AttentionOperator, name, self._reading(getattr(AttentionOperator, name)))
 
-        def counted_rows(op, s, e):
+    def _reading(self, method):
+        def read(op, s, e):
             self.read += (e - s) * op.nK * op.d / self.size
-            return rows(op, s, e)
-
-        monkeypatch.setattr(AttentionOperator, "rows", counted_rows)
+            return method(op, s, e)
+        return read
 
     def _counted(self, name, method):
         def counted(op, *args, **kwargs):
@@ -67,12 +70,15 @@ def network_objective(problem, heads, lemma1=False):
 
 @pytest.mark.parametrize("program", [8, 10, 12])
 def test_a_certificate_from_Z_reads_the_data_twice(monkeypatch, program):
-    problem = squared_problem(program)
-    Z = ct.solve(problem, "clarabel", tol=1e-9).Z
+    Z = ct.solve(squared_problem(program), "clarabel", tol=1e-9).Z
+    problem = squared_problem(program)  # the same data, a problem that has certified nothing yet
     problem.beta_max()  # cached: the certificate reports it
     counts = Counts(monkeypatch, problem.program.X)
     cert = ct.certify(problem, Z, refine=False)
-    assert counts.snapshot() == {"forward": 1, "adjoint": 1, "forward_adjoint": 0, "passes": 2.0}
+    tokens = np.linalg.norm(Z.reshape(problem.program.canonical_shape), axis=-1).any(axis=(0, 1)).mean()
+    assert 0 < tokens < 1  # the forward pass reads the tokens where Z is nonzero, the adjoint every token
+    assert counts.snapshot()["passes"] == pytest.approx(1 + tokens, abs=1e-12)
+    assert (counts.calls["adjoint"], counts.calls["forward_adjoint"]) == (1, 0) and counts.calls["forward"] >= 1
     # the same numbers as the verifier's faces, computed here in plain numpy from the design
     D = problem.program.design()
     W = problem.program.to_cvxpy(Z)
@@ -89,30 +95,36 @@ def test_a_certificate_from_Z_reads_the_data_twice(monkeypatch, program):
     lemma1 = problem.reduction.invert(problem, Z, "lemma1")
     assert cert.to_dict()["recovered_objective_lemma1"] == pytest.approx(
         network_objective(problem, lemma1, lemma1=True), rel=1e-11)
-    assert counts.snapshot()["passes"] == 2.0 and sum(counts.calls.values()) == 2
+    assert counts.snapshot()["passes"] == pytest.approx(1 + tokens, abs=1e-12) and counts.calls["adjoint"] == 1
 
 
 def test_a_given_dual_point_costs_an_adjoint_only_where_it_may_beat_the_residual(monkeypatch):
+    Z = ct.solve(squared_problem(8), "clarabel", tol=1e-9).Z
     problem = squared_problem(8)
-    Z = ct.solve(problem, "clarabel", tol=1e-9).Z
     problem.beta_max()
     own = ct.certify(problem, Z, refine=False)
+    problem = squared_problem(8)
+    problem.beta_max()
     counts = Counts(monkeypatch, problem.program.X)
     # the residual's own scaled point, halved: no scaling of it beats the residual (exact bound, squared loss)
     cert = ct.certify(problem, Z, V=0.5 * own.V, refine=False)
-    assert counts.snapshot()["passes"] == 2.0 and counts.calls["adjoint"] == 1
+    assert counts.snapshot()["passes"] <= 2.0 and counts.calls["adjoint"] == 1
     assert (cert.dual_objective, cert.dual_source) == (own.dual_objective, "residual")
     # the dual optimum at a worse Z: it beats that Z's residual, so its adjoint is computed (a third pass)
+    tokens = np.linalg.norm(Z, axis=-1).astype(bool).mean()
     worse = Z * 0.7
     V_opt = own.V
     before = counts.snapshot()["passes"]
     cert = ct.certify(problem, worse, V=V_opt, refine=False)
-    assert counts.snapshot()["passes"] - before == pytest.approx(3.0)
+    assert counts.snapshot()["passes"] - before == pytest.approx(2.0 + tokens)  # its adjoint: one more pass
     assert cert.dual_source == "given" and cert.dual_objective == pytest.approx(own.dual_objective, rel=1e-12)
 
 
 @pytest.mark.parametrize("program", [8, 12])
-def test_solve_adds_two_passes_to_the_backend(monkeypatch, program):
+def test_solve_reads_no_data_after_its_backend(monkeypatch, program):
+    """The torch backend's last certified check on the CPU in float64 is the verifier's own ``residual_of``
+    of the point it returns: ct.solve's certificate of that Z reads no more data, and it equals the
+    certificate that a problem which saw no solve computes from Z in two passes."""
     problem = squared_problem(program)
     problem.beta_max()
     counts = Counts(monkeypatch, problem.program.X)
@@ -127,13 +139,35 @@ def test_solve_adds_two_passes_to_the_backend(monkeypatch, program):
     monkeypatch.setattr(ProxGrad, "solve", solve_and_count)
     result = ct.solve(problem, "fista")
     assert result.certified and result.certificate.refine_status.startswith("not needed")
-    after = counts.snapshot()
-    assert after["passes"] - at_return["passes"] == pytest.approx(2.0)
-    assert (after["forward"] - at_return["forward"], after["adjoint"] - at_return["adjoint"]) == (1, 1)
+    assert counts.snapshot() == at_return
+    fresh = squared_problem(program)
+    before = counts.snapshot()
+    alone = ct.certify(fresh, result.Z, refine="auto")
+    assert 1.0 < counts.snapshot()["passes"] - before["passes"] <= 2.0
+    mine, theirs = result.certificate.to_dict(), alone.to_dict()
+    for key in ("refine_seconds",):
+        mine.pop(key), theirs.pop(key)
+    assert mine == theirs
     # the recovered objective is read (here) from the heads, with no product of the operator
+    after = counts.snapshot()
     assert result.certificate.recovered_objective == pytest.approx(
         network_objective(problem, problem.reduction.invert(problem, result.Z)), rel=1e-10)
     assert counts.snapshot() == after
+
+
+def test_the_verifier_remembers_the_last_Z_by_its_values(monkeypatch):
+    problem = squared_problem(8)
+    Z = ct.solve(squared_problem(8), "clarabel", tol=1e-9).Z
+    problem.beta_max()
+    counts = Counts(monkeypatch, problem.program.X)
+    first = ct.certify(problem, Z, refine=False)
+    once = counts.snapshot()["passes"]
+    again = ct.certify(problem, Z.copy(), refine=False)
+    assert counts.snapshot()["passes"] == once and again.to_dict() == first.to_dict()
+    nudged = Z.copy()
+    nudged[np.unravel_index(np.argmax(np.abs(Z)), Z.shape)] *= 1 + 1e-15
+    ct.certify(problem, nudged, refine=False)  # another Z (by one rounding): computed afresh
+    assert counts.snapshot()["passes"] == pytest.approx(2 * once)
 
 
 def test_lazy_fields_survive_pickling_and_appear_in_the_summary():

@@ -69,6 +69,35 @@ def gated_outputs(A, mask, h, c):
     return torch.einsum("ijl,ij->il", A.view(-1, h, c), mask)
 
 
+GATHER_BYTES = 2**19  # rows of tokens K gathered at a time (rows()): they stay in a core's cache for the products
+
+
+def token_runs(K):
+    """``[(k0, k1, p)]``: the runs of consecutive tokens ``k0 .. k1 - 1`` of the index tensor K, each from position
+    p of K (the tokens of a run are one contiguous slice of each row of X)."""
+    K = [int(k) for k in K]
+    runs, p = [], 0
+    while p < len(K):
+        q = p + 1
+        while q < len(K) and K[q] == K[q - 1] + 1:
+            q += 1
+        runs.append((K[p], K[q - 1] + 1, p))
+        p = q
+    return runs
+
+
+def padded(w):
+    """``w`` (rows, m) with zero columns up to a multiple of 4 (on the CPU, where 1 < m): MKL's products of
+    X^T with 2, 3, 5, 6 or 7 columns are 1.5 to 2.5 times slower than with 4 or 8 (one thread, N = 200,000,
+    128 features: 3 columns 101 ms, 4 columns 43 ms); callers drop the extra rows of the result."""
+    m = w.shape[1]
+    if m == 1 or m % 4 == 0 or w.device.type != "cpu":
+        return w
+    out = w.new_zeros(w.shape[0], m + (-m) % 4)
+    out[:, :m] = w
+    return out
+
+
 class AttentionOperator(_SampleOperator):
     """The map ``Z -> yhat`` of program (8)/(10)/(12) restricted to gates J and tokens K, in torch.
     Coefficients are tensors of shape ``(|J|, c, |K|, d)`` (:attr:`shape`).
@@ -78,8 +107,10 @@ class AttentionOperator(_SampleOperator):
     X : tensor of shape (N, n, d), every token, in the op's dtype; on ``device`` or, when it does
         not fit there, on the CPU (chunks of samples are then streamed); or a
         :class:`~cvxtransformer.core.data.StreamedRows` (a memory map read chunk by chunk)
-    K : tensor of token indices, or None for every token (no copy is ever made); the tokens K of
-        a chunk of samples are gathered when the chunk is used
+    K : tensor of token indices, or None for every token. No copy of X is ever made: ``forward`` and
+        ``adjoint`` read the tokens K in place (runs of consecutive tokens are views of X's rows, which
+        BLAS reads with X's row stride); :meth:`rows` gathers them for a chunk of samples that stays in
+        cache (the Gram matrices' products, as BLAS packs its operands anyway)
     mask : tensor of shape ``(N, |J|)`` on ``device``, the gate columns J; None for (8)/(10)
     c : outputs
     chunk : samples per chunk (None: chosen so a chunk's temporaries stay a few MB)
@@ -95,12 +126,22 @@ class AttentionOperator(_SampleOperator):
         self.hJ = 1 if mask is None else mask.shape[1]
         self.dtype = X.dtype
         self.chunk_arg = chunk
-        if chunk is None:
-            copied = K is not None or X.device != device or isinstance(X, StreamedRows)
-            row = X.element_size() * (self.F * copied + 2 * self.hJ * c + 1)
-            chunk = max(256, int(CHUNK_BYTES // row))
+        # tokens K of data on the device are read in place, as runs of consecutive tokens (views of X's rows:
+        # no copy) by forward and adjoint; rows() gathers them chunk by chunk, in chunks that stay in cache
+        self.runs = None if K is None or self.streams else token_runs(K)
+        size = X.element_size()
+        if chunk is None and self.runs is not None:  # rows() gathers the tokens K in chunks that stay in cache
+            chunk = max(256, int(GATHER_BYTES // (size * self.F)))
+        elif chunk is None:
+            copied = K is not None or self.streams
+            chunk = max(256, int(CHUNK_BYTES // (size * (self.F * copied + 2 * self.hJ * c + 1))))
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
+        # products that read the tokens K in place: over every sample at once ungated; gated, in chunks whose
+        # (rows, |J| c) temporaries take CHUNK_BYTES
+        step = self.N if self.mask is None else max(256, int(CHUNK_BYTES // (size * (2 * self.hJ * c + 1))))
+        step = step if self.chunk_arg is None else self.chunk
+        self.product_bounds = [(s, min(s + step, self.N)) for s in range(0, self.N, step)]
         self._buffers = {}
         self._binary = None  # whether every gate is 0 or 1 (as gate_mask makes them), once asked
 
@@ -108,6 +149,11 @@ class AttentionOperator(_SampleOperator):
     def streams(self):
         """Whether every product reads the data from outside the device (a memory map, or host memory)."""
         return isinstance(self.X, StreamedRows) or self.X.device != self.device
+
+    def _runs_of(self, s, e):
+        """The tokens K of rows s:e as views of X, one ``(rows, run d)`` matrix per run of consecutive tokens,
+        with the position of its first token in K (nothing is copied: BLAS reads them with X's row stride)."""
+        return [(p, self.X[s:e, k0:k1].reshape(e - s, (k1 - k0) * self.d)) for k0, k1, p in self.runs]
 
     def _buffer(self, name, shape, device):
         """A reused scratch tensor: fresh large allocations cost page faults at every chunk."""
@@ -135,14 +181,6 @@ class AttentionOperator(_SampleOperator):
         return AttentionOperator(X, Kt, M, self.c, self.device, self.chunk_arg if chunk is None else chunk,
                                  self.shards)
 
-    def materialize(self):
-        """The same op with its tokens K copied once into a contiguous tensor (many products ahead);
-        streamed data is never copied whole."""
-        if self.K is None or isinstance(self.X, StreamedRows):
-            return self
-        return AttentionOperator(self.X.index_select(1, self.K), None, self.mask, self.c, self.device, None,
-                                 self.shards)
-
     def rows(self, s, e):
         """Rows s:e of the data, ``(rows, |K| d)``, on the device."""
         Xc = self.X if (s, e) == (0, self.N) and isinstance(self.X, torch.Tensor) else self.X[s:e]
@@ -152,8 +190,18 @@ class AttentionOperator(_SampleOperator):
         return Xc.reshape(e - s, self.F).to(self.device, non_blocking=True)
 
     def forward(self, Z):
-        """``yhat`` of shape (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``."""
+        """``yhat`` of shape (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``. Only the gates and tokens where Z
+        is nonzero are read (data on the device: in place)."""
+        if not self.streams:
+            nz = torch.linalg.vector_norm(Z, dim=-1) > 0  # (|J|, c, |K|)
+            J, K = torch.nonzero(nz.any(dim=(1, 2))).flatten(), torch.nonzero(nz.any(dim=(0, 1))).flatten()
+            if len(J) == 0:
+                return torch.zeros(self.N, self.c, dtype=self.dtype, device=self.device)
+            if len(J) < self.hJ or len(K) < self.nK:
+                return self.restrict(J, K).forward(Z.index_select(0, J).index_select(2, K))
         W = Z.reshape(self.hJ * self.c, self.F).T
+        if self.runs is not None:
+            return self._forward_in_place(W)
         if len(self.bounds) == 1:
             return gated_outputs(self.rows(0, self.N) @ W, self.mask, self.hJ, self.c)
         out = torch.empty(self.N, self.c, dtype=self.dtype, device=self.device)
@@ -162,23 +210,45 @@ class AttentionOperator(_SampleOperator):
             out[s:e] = gated_outputs(self.rows(s, e) @ W, mask, self.hJ, self.c)
         return out
 
+    def _forward_in_place(self, W):
+        out = torch.empty(self.N, self.c, dtype=self.dtype, device=self.device)
+        for s, e in self.product_bounds:
+            A = torch.zeros(e - s, self.hJ * self.c, dtype=self.dtype, device=self.device)
+            for p, Xr in self._runs_of(s, e):
+                A.addmm_(Xr, W[p * self.d:p * self.d + Xr.shape[1]])
+            out[s:e] = gated_outputs(A, None if self.mask is None else self.mask[s:e], self.hJ, self.c)
+        return out
+
     def _weights(self, V, s, e):
-        """``(rows, |J| c)``: ``M_ij V_il`` for the samples of a chunk."""
+        """``(rows, |J| c)``: ``M_ij V_il`` for the samples of a chunk (zero columns added up to a multiple of
+        4 on the CPU: :func:`padded`)."""
         if self.mask is None:
-            return V[s:e]
-        return (self.mask[s:e, :, None] * V[s:e, None, :]).reshape(e - s, self.hJ * self.c)
+            return padded(V[s:e])
+        return padded((self.mask[s:e, :, None] * V[s:e, None, :]).reshape(e - s, self.hJ * self.c))
 
     def adjoint(self, V):
         """``A^T V`` of shape ``(|J|, c, |K|, d)`` from ``V`` of shape (N, c)."""
-        G = None
-        for s, e in self.bounds:
-            part = self._weights(V, s, e).T @ self.rows(s, e)
-            G = part if G is None else G.add_(part)
-        if G is None:
-            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        m = self.hJ * self.c
+        if self.runs is not None:  # in place, one product per run of tokens
+            parts = None
+            for s, e in self.product_bounds:
+                w = self._weights(V, s, e).T
+                runs = self._runs_of(s, e)
+                if parts is None:
+                    parts = [w @ Xr for _, Xr in runs]
+                else:
+                    for part, (_, Xr) in zip(parts, runs):
+                        part.addmm_(w, Xr)
+            G = torch.cat([part[:m] for part in parts], dim=1)
+        else:
+            G = None
+            for s, e in self.bounds:
+                part = self._weights(V, s, e).T @ self.rows(s, e)
+                G = part if G is None else G.add_(part)
+            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device) if G is None else G[:m]
         if self.shards is not None:
             self.shards.sum_(G)
-        return G.view(self.shape)
+        return G.reshape(self.shape)
 
     def forward_adjoint(self, Z, dual):
         """``yhat = A Z`` (N, c), ``V = dual(yhat[s:e], s, e)`` and ``A^T V`` in one pass over the data
@@ -192,11 +262,10 @@ class AttentionOperator(_SampleOperator):
             V[s:e] = dual(out[s:e], s, e)
             part = self._weights(V, s, e).T @ Xc
             G = part if G is None else G.add_(part)
-        if G is None:
-            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        G = torch.zeros(self.shape, dtype=self.dtype, device=self.device) if G is None else G[:self.hJ * self.c]
         if self.shards is not None:
             self.shards.sum_(G)
-        return out, V, G.view(self.shape)
+        return out, V, G.reshape(self.shape)
 
     def _design_chunks(self):
         """The gated design ``D`` (rows, |J|*|K|*d) chunk by chunk, as ``(start, stop, D)``: columns
@@ -425,9 +494,6 @@ class TokenOperator(_SampleOperator):
             M = M.index_select(1, torch.as_tensor(J, device=M.device))
         K = None if len(K) == self.tokens.shape[1] else torch.as_tensor(K)
         return TokenOperator(self.tokens, self.d, K, M, self.c, self.device, dtype or self.dtype, self.shards)
-
-    def materialize(self):
-        return self
 
     def forward(self, Z):
         """``yhat`` (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``."""

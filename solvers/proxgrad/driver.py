@@ -58,6 +58,11 @@ GEMM_SPEEDUP = {"cpu": 8.0, "cuda": 32.0}  # GEMM vs matrix-vector multiply-adds
 NEWTON_FEATURES = 4096  # largest Newton model, c F features (the smooth non-quadratic losses)
 NEWTON_STEPS, MODEL_ITERS = 10, 50  # typical Newton steps per subproblem, and iterations per model
 FIRST_ORDER_MIN = 200  # first-order iterations a subproblem takes at least (the Newton model's cost model)
+# Whether a working set not yet known to be settled is solved to tol (its Gram form) or loosely: a certified check
+# reads the data twice (about PASS_RATE multiply-adds per second: the products stream X from memory, one CPU
+# thread), SETTLE_ITERS more iterations on the Gram form take about ITER_SECONDS each (Python-level torch calls)
+# plus their F^2 c multiply-adds at GEMM speed (GEMM_SPEEDUP times PASS_RATE).
+PASS_RATE, ITER_SECONDS, SETTLE_ITERS = 1e9, 1e-4, 30
 
 
 class ProxGrad(Solver):
@@ -203,10 +208,12 @@ class _Run:
         # certificate's but for the dual scaling over the blocks outside it), to half of it after that.
         margin = 1.0 if self.dtype == F64 else 0.5
         floor = 1e6 * torch.finfo(self.dtype).eps  # gaps above a million roundings are not a precision floor
+        zero = self._scores_at_zero(o)  # the first check at x = 0 without a pass over the data, where known
         while True:
-            if Yhat is None and not getattr(self.op64, "streams", False):  # streamed: one pass in check
-                Yhat = self.ws.forward(self.x)
-            chk = self.cert.check(self.x, Yhat)
+            if Yhat is None and self.ws.restricts_forward and not getattr(self.op64, "streams", False):
+                Yhat = self.ws.forward(self.x)  # the gates where x is nonzero only (the program's map reads every gate)
+            chk = self.cert.check(self.x, Yhat, zero)
+            zero = None
             budget.reserve = chk.seconds  # the iterations leave time for the last check within the time limit
             for what, value in (("the objective at the iterate", chk.primal), ("the dual objective", chk.dual)):
                 if not math.isfinite(value):
@@ -239,11 +246,14 @@ class _Run:
                 precision = str(self.dtype).replace("torch.", "")
                 return (f"stalled at relative gap {chk.relative_gap:.2e} > tol {tol:g}: the {precision} "
                         "working precision cannot certify less")
-            inner_tol = margin * tol if settled else max(0.5 * tol, 0.3 * min(chk.relative_gap, 1.0))
+            sm, op, method_used = self.subproblem(key, o["method"])
+            # an unsettled set is solved loosely (a tenth of the way), unless a check costs more than solving it
+            # to tol (the Gram form, whose iterations do not read the data, on many samples)
+            full = settled or (method_used == "gram" and self._check_seconds() > SETTLE_ITERS * self._gram_seconds(op))
+            inner_tol = margin * tol if full else max(0.5 * tol, 0.3 * min(chk.relative_gap, 1.0))
             if atol is not None and chk.dual > 0:  # the relative gap that atol stands for here
                 inner_tol = max(inner_tol, margin * atol / chk.dual)
             margin = 0.5 if settled else margin
-            sm, op, method_used = self.subproblem(key, o["method"])
             x = sm.from_canonical(self.ws.extract(self.x, key).to(self.dtype))
             slack = 1e-9 if self.dtype == F64 else 1e-4
             polish = Polisher(budget.local_deadline()) if self.ws.polishable and sm.quadratic else None
@@ -274,6 +284,14 @@ class _Run:
             if self.dtype == F64 and method_used != "gram":  # A x in float64 is at hand: reuse it
                 Yhat = ix
 
+    def _scores_at_zero(self, o):
+        """``A^T (-grad L(0))`` (canonical, float64, on the device) when the solve starts at 0 and
+        ``problem.beta_max()`` computed it already (as ``cvxtransformer.solve`` does), else None."""
+        scores = self.problem.scores_at_zero()
+        if scores is None or o["init"] is not None or self.shards is not None:
+            return None
+        return torch.from_numpy(np.ascontiguousarray(scores)).reshape(self.x.shape).to(self.device)
+
     def first_order(self, sm, x, tol, budget, o, on_check, slack, polish, floor, limit=None):
         """FISTA on ``sm`` (at most ``limit`` iterations), from a Lipschitz estimate kept per working set."""
         ix = None
@@ -293,8 +311,8 @@ class _Run:
 
     def subproblem(self, key, method):
         """The smooth part of the program restricted to the working set ``key``, how it is evaluated,
-        and its operator. The Gram matrix, or the data path's copy of the tokens, is kept while the
-        working set does not change."""
+        and its operator. The Gram matrix, or the data path's smooth part (which reads the working set's
+        tokens in place), is kept while the working set does not change."""
         cache_key = None if key is None else tuple(tuple(k.tolist()) for k in key)
         if self.cache.get("key", "none") != cache_key:
             grown = (self.cache["key"], self.cache["op"], self.cache["gram"]) if "gram" in self.cache else None
@@ -304,9 +322,8 @@ class _Run:
         use_gram = hasattr(op, "gram") and quadratic and (method == "gram" or (method == "auto" and self._gram_pays(op)))
         if not use_gram:
             if "data" not in self.cache:
-                mat = op.materialize() if hasattr(op, "materialize") else op  # polish may form a support Gram
-                work = 100.0 * GEMM_SPEEDUP[self.device.type] * mat.N_total * int(np.prod(mat.shape))
-                self.cache["data"] = DataSmooth(mat, self.problem.loss, self.Tw, work)
+                work = 100.0 * GEMM_SPEEDUP[self.device.type] * op.N_total * int(np.prod(op.shape))  # polish's Gram
+                self.cache["data"] = DataSmooth(op, self.problem.loss, self.Tw, work)
             sm = self.cache["data"]
             if "warmup" not in self.cache:
                 usable = not quadratic and self.ws.polishable and hasattr(sm.op, "weighted_gram")
@@ -351,14 +368,12 @@ class _Run:
 
     def _hessian_op(self, key):
         """The working set's operator in float32, the precision of the Newton model's Hessian (None: the
-        working precision is float32 already). Its tokens are copied once into memory unless the data
-        is a memory map (streamed data is never copied: memory stays per sample, not per data)."""
+        working precision is float32 already); it reads the working set's tokens of the float32 data."""
         if self.dtype == torch.float32:
             return None
         if "op32" not in self.cache:
-            op = self.ws.restrict(self.problem.program.operator(self.device, torch.float32, self.chunk), key)
-            copy = hasattr(op, "materialize") and not file_backed(self.problem.program.X)
-            self.cache["op32"] = op.materialize() if copy else op
+            self.cache["op32"] = self.ws.restrict(self.problem.program.operator(self.device, torch.float32, self.chunk),
+                                                  key)
         return self.cache["op32"]
 
     def _newton_warmup(self, op):
@@ -381,10 +396,22 @@ class _Run:
         k = NEWTON_STEPS * step / (2.0 * N * F * c)
         return 0 if k <= FIRST_ORDER_MIN else int(k)
 
+    def _check_seconds(self):
+        """About what a certified check costs: two passes over the data (forward and adjoint)."""
+        N = self.problem.program.N if self.shards is None else self.shards.total
+        return 2.0 * N * int(np.prod(self.problem.program.canonical_shape)) / PASS_RATE
+
+    def _gram_seconds(self, op):
+        """About what an iteration on the Gram form of ``op`` costs."""
+        F = op.hJ * op.F
+        return ITER_SECONDS + F * F * self.problem.program.n_outputs / (GEMM_SPEEDUP[self.device.type] * PASS_RATE)
+
     def _gram_pays(self, op):
         """Cost model: forming H (N F^2 multiply-adds ungated, at GEMM speed) and iterations of F^2 c,
         against iterations that stream the N x F data twice. A GEMM runs about ``GEMM_SPEEDUP``
         times faster per multiply-add than a product that streams its matrix once."""
+        if "gram" in self.cache:  # formed already for this working set
+            return True
         F = op.hJ * op.F
         room = device_budget(self.device)
         if self.shards is not None:  # the smallest device decides, for every process
