@@ -273,10 +273,11 @@ def test_first_working_set_takes_the_blocks_that_stand_out():
 def test_grown_gram_equals_the_gram_of_the_grown_set(monkeypatch, program, n_out):
     """A working set that gains tokens gets its Gram matrix from the previous one and the new columns:
     equal to the Gram matrix summed afresh (entry by entry), and the solve certifies at Clarabel's optimum."""
-    from cvxtransformer.solvers.proxgrad import driver
+    from cvxtransformer.solvers.proxgrad import driver, working_sets
 
     problem = random_problem(program, "squared", n_out, seed=5, N=300, n=16, d=3, frac=0.001)
     seen, grown = [], driver._Run._grown_gram
+    monkeypatch.setattr(working_sets, "ONE_ROUND", 0)  # a set that grows, even on so few samples
 
     def spy(self, op, key):
         out = grown(self, op, key)

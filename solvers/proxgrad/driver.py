@@ -276,7 +276,13 @@ class _Run:
                 # no Newton step: first order finishes; but not where float32's rounding stopped the Newton steps
                 # ("floor"): first order only stalls there too, and the driver declares the stall 3 checks later
                 if method_used != "newton" or reason == "stalled" or reason == "floor" and self.dtype == F64:
-                    x, ix, reason = self.first_order(sm, x, inner_tol, budget, o, on_check, slack, polish, floor)
+                    rent = self._rent(op, o["method"]) if method_used == "data" else None
+                    x, ix, reason = self.first_order(sm, x, inner_tol, budget, o, on_check, slack, polish, floor, rent)
+                    if reason == "limit":  # the data path has cost as much as the Gram form: form it and go on
+                        gram, op, method_used = self.subproblem(key, "gram")
+                        x = gram.from_canonical(sm.to_canonical(x))
+                        x, ix, reason = self.first_order(gram, x, inner_tol, budget, o, on_check, slack, polish, floor)
+                        sm = gram
             self.last_iters = budget.iterations - it0
             block = sm.to_canonical(x).to(F64)
             self.x = self.ws.embed(block, key)
@@ -293,21 +299,25 @@ class _Run:
         return torch.from_numpy(np.ascontiguousarray(scores)).reshape(self.x.shape).to(self.device)
 
     def first_order(self, sm, x, tol, budget, o, on_check, slack, polish, floor, limit=None):
-        """FISTA on ``sm`` (at most ``limit`` iterations), from a Lipschitz estimate kept per working set."""
+        """FISTA on ``sm`` (at most ``limit`` iterations: then reason ``"limit"``), from a Lipschitz estimate kept
+        per working set. Its gap is checked every ``check_every`` iterations, twice as often on a Gram form (a
+        check reads no data there, and the Newton polish waits for a support stable across two checks)."""
         ix = None
         if "L" not in self.cache:  # refined by backtracking
             ix = None if isinstance(sm, GramSmooth) else sm.image(x)  # shared with fista's start
             self.cache["L"] = sm.lipschitz_guess(None if ix is None else sm.grad(x, ix)[0])
-        cap = budget.max_iter
+        cap, start = budget.max_iter, budget.iterations
         if limit is not None:
             budget.max_iter = min(cap, budget.iterations + limit)
         try:
+            every = o["check_every"] if not isinstance(sm, GramSmooth) else max(1, o["check_every"] // 2)
             x, ix, self.cache["L"], reason = fista(sm, x, self.problem.regularizer, self.cache["L"], tol, budget,
-                                                   o["check_every"], on_check, slack, polish=polish, floor=floor,
+                                                   every, on_check, slack, polish=polish, floor=floor,
                                                    rounding=self.rounding_w, ix=ix)
         finally:
             budget.max_iter = cap
-        return x, ix, reason
+        self.cache["spent"] = self.cache.get("spent", 0) + budget.iterations - start  # on this working set
+        return x, ix, "limit" if reason == "max_iter" and budget.iterations < cap else reason
 
     def subproblem(self, key, method):
         """The smooth part of the program restricted to the working set ``key``, how it is evaluated,
@@ -396,6 +406,25 @@ class _Run:
         k = NEWTON_STEPS * step / (2.0 * N * F * c)
         return 0 if k <= FIRST_ORDER_MIN else int(k)
 
+    def _rent(self, op, method):
+        """Ski rental between the data path and the Gram form of a quadratic loss: the data-path iterations
+        left on this working set before they have cost as much as forming its Gram matrix (``_gram_pays``'s
+        costs), after which it is formed (None: it cannot or may not be). At most twice the cost of the
+        better of the two, whatever the number of iterations the set needs (the cost model's guess of 100
+        can be far off: (12) squared, N=10,000, 16 gates, 0.01 beta_max needs 650 on the data path)."""
+        if method != "auto" or not self.problem.loss.quadratic or not hasattr(op, "gram") or not self._gram_fits(op):
+            return None
+        t_data, t_build, _ = self._costs(op)
+        return max(1, int(t_build / t_data) - self.cache.get("spent", 0))
+
+    def _gram_fits(self, op):
+        """Whether the Gram matrix of ``op`` fits (``GRAM_BYTES`` on the CPU, half the device's free memory)."""
+        F = op.hJ * op.F
+        room = device_budget(self.device)
+        if self.shards is not None:  # the smallest device decides, for every process
+            room = -float(self.shards.max_(torch.tensor([-room], dtype=F64))[0])
+        return F * F * op.X.element_size() <= min(GRAM_BYTES, room)
+
     def _check_seconds(self):
         """About what a certified check costs: two passes over the data (forward and adjoint)."""
         N = self.problem.program.N if self.shards is None else self.shards.total
@@ -412,16 +441,22 @@ class _Run:
         times faster per multiply-add than a product that streams its matrix once."""
         if "gram" in self.cache:  # formed already for this working set
             return True
-        F = op.hJ * op.F
-        room = device_budget(self.device)
-        if self.shards is not None:  # the smallest device decides, for every process
-            room = -float(self.shards.max_(torch.tensor([-room], dtype=F64))[0])
-        if F * F * op.X.element_size() > min(GRAM_BYTES, room):
+        if not self._gram_fits(op):
             return False
-        r = GEMM_SPEEDUP[self.device.type]
-        c = self.problem.program.n_outputs
-        t_data = 2.0 * op.N_total * op.F * max(1.0, op.hJ * c / r)
-        t_gram_iter = F * F * max(1.0, c / r)
-        t_build = (2.0 * op.weighted_gram_cost() + op.N_total * F * c) / r  # N F^2 ungated, less gated
+        t_data, t_build, t_gram_iter = self._costs(op)
         k = 100 if self.last_iters is None else max(50, 1.5 * self.last_iters)
         return t_build + k * t_gram_iter < k * t_data
+
+    def _costs(self, op):
+        """Costs in multiply-adds of a product that streams its matrix once: an iteration on the data (its two
+        products; gated, twice that: the gates' weights and sums cost about as much again), forming H (at
+        GEMM speed: ungated ``N F^2`` for the block-triangular sums over block rows, gated the exact
+        ``weighted_gram_cost`` of its pairs of gates) and an iteration on H. Measured on (12) squared,
+        N=10,000, 16 gates, 128 features a gate, one CPU thread: a data iteration 6 ms, H 0.46 s."""
+        F = op.hJ * op.F
+        r = GEMM_SPEEDUP[self.device.type]
+        c = self.problem.program.n_outputs
+        gated = op.mask is not None and op.hJ > 1
+        t_data = 2.0 * op.N_total * op.F * max(1.0, op.hJ * c / r) * (2.0 if gated else 1.0)
+        t_build = ((1.0 if gated else 2.0) * op.weighted_gram_cost() + op.N_total * F * c) / r
+        return t_data, t_build, F * F * max(1.0, c / r)
