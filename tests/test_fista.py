@@ -256,16 +256,16 @@ def test_cuda_chunks_match_whole():
 
 
 def test_first_working_set_takes_the_blocks_that_stand_out():
-    """The pivot of the first working set: the blocks above the largest relative drop of the scores, a
-    quarter more, up to the cap."""
+    """The pivot of the first working set: the blocks above the largest relative drop of the scores, up to
+    the cap."""
     from cvxtransformer.solvers.proxgrad.working_sets import first_size
 
     scores = torch.tensor([10.0, 9.9, 9.8, 9.2, 9.2, 9.1, 9.1, 9.0, 9.0, 9.0, 8.9, 8.9, 8.9, 8.8, 8.8, 8.8])
-    assert first_size(scores, 10) == 4  # drop after 3 (9.8 -> 9.2), 3 + 1
-    assert first_size(scores[torch.randperm(16)], 10) == 4  # order of the blocks does not matter
-    assert first_size(torch.tensor([10.0, 8.7, 1.3, 1.1, 1.05, 1.04, 1.03, 1.02]), 10) == 3  # 2 + 1
-    assert first_size(torch.tensor([10.0, 9.9, 9.8, 5.0, 4.9, 4.8, 4.7, 4.6]), 10) == 4  # 3 + 1 of 8
-    assert first_size(torch.tensor([10.0, 9.9, 9.8, 5.0, 4.9, 4.8, 4.7, 4.6]), 3) == 3  # ... up to the cap
+    assert first_size(scores, 10) == 3  # drop after 3 (9.8 -> 9.2)
+    assert first_size(scores[torch.randperm(16)], 10) == 3  # order of the blocks does not matter
+    assert first_size(torch.tensor([10.0, 8.7, 1.3, 1.1, 1.05, 1.04, 1.03, 1.02]), 10) == 2
+    assert first_size(torch.tensor([10.0, 9.9, 9.8, 5.0, 4.9, 4.8, 4.7, 4.6]), 10) == 3
+    assert first_size(torch.tensor([10.0, 9.9, 9.8, 5.0, 4.9, 4.8, 4.7, 4.6]), 2) == 2  # ... up to the cap
     assert first_size(torch.tensor([5.0, 4.0]), 10) == 2
 
 

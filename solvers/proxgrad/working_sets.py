@@ -34,12 +34,14 @@ ONE_ROUND = 3e7
 
 def first_size(scores, cap):
     """Blocks the first working set takes of the violators ``scores`` (KKT scores > 1): those above the
-    largest relative drop among the best ``cap + 1`` scores, and a quarter more (a pivot rule like adelie's,
-    arXiv 2405.08631): the few blocks that stand out, not ``cap`` of them, where few stand out (the Gram
-    matrix of the set costs the square of its size; a set that grows sums only its new columns)."""
+    largest relative drop among the best ``cap + 1`` scores (a pivot rule like adelie's, arXiv 2405.08631):
+    the few blocks that stand out, not ``cap`` of them, where few stand out (the Gram matrix of the set
+    costs the square of its size; a set that grows sums only its new columns, and the padding of a quarter
+    more blocks this rule had cost more than it saved on the planted instances of the benchmark: (8) squared,
+    N=20,000, n=8, d=16, 3 true tokens, a 64-feature Gram matrix 8.2 ms of a 19.5 ms solve)."""
     top = torch.topk(scores, min(cap + 1, len(scores))).values
     k = int(torch.argmax(top[:-1] / top[1:])) + 1 if len(top) > 2 else len(scores)
-    return min(cap, len(scores), k + -(-k // 4))
+    return min(cap, len(scores), k)
 
 
 class BlockWorkingSet:
