@@ -42,8 +42,10 @@ def test_restricted_operator_matches_program(program, chunk):
     D = p.design()[:, cols]
     np.testing.assert_allclose(H.numpy(), D.T @ D, rtol=1e-12, atol=1e-11)
     np.testing.assert_allclose(B.numpy(), problem.T.T @ D, rtol=1e-12, atol=1e-11)
-    # the tokens K (runs [0] and [2, 3]) are read in place: the restricted op holds the program's data itself
-    assert op.X.data_ptr() == p.X.__array_interface__["data"][0] and op.runs == [(0, 1, 0), (2, 4, 1)]
+    # the restricted op holds the program's data itself; with one output column it reads the tokens K in place
+    # (runs [0] and [2, 3]), with several it gathers them chunk by chunk
+    assert op.X.data_ptr() == p.X.__array_interface__["data"][0]
+    assert op.runs == ([(0, 1, 0), (2, 4, 1)] if p.h * p.c == 1 else None)
     # block norms: the spectral norm of each (gate, token) block of the design, and their Frobenius bounds
     norms, bounds = op.block_norms().numpy(), op.block_norm_bounds().numpy()
     M = np.ones((p.N, 1)) if p.mask is None else p.mask
@@ -253,6 +255,23 @@ def test_cuda_chunks_match_whole():
     whole = ct.solve(problem, "fista", tol=1e-9, device="cuda")
     chunked = ct.solve(problem, "fista", tol=1e-9, device="cuda", chunk_size=8)
     assert chunked.certificate.primal_objective == pytest.approx(whole.certificate.primal_objective, rel=1e-8)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gated_gram_by_patterns_of_open_gates(weighted):
+    """Program (12) with few gates on many samples sums its Gram matrix (and the Newton model's weighted one)
+    per pattern of open gates: equal to the gated design's ``D^T diag(w) D``, entry by entry."""
+    problem = random_problem(12, "squared", "vector", seed=4, N=600, n=5, d=3, gates=4)
+    p = problem.program
+    op = p.operator("cpu", torch.float64).restrict(torch.arange(p.h), torch.tensor([0, 2, 3]))
+    assert op._patterns() is not None  # 16 patterns at most: fewer products than the 10 pairs of gates
+    w = np.random.default_rng(0).uniform(0.0, 2.0, p.N)
+    cols = (np.arange(p.h)[:, None, None] * p.n * p.d + np.array([0, 2, 3])[None, :, None] * p.d
+            + np.arange(p.d)[None, None, :]).ravel()
+    D = p.design()[:, cols]
+    H = op.weighted_gram(_t(w[:, None]))[0] if weighted else op.gram(_t(problem.T))[0]
+    expected = D.T @ (w[:, None] * D) if weighted else D.T @ D
+    np.testing.assert_allclose(H.numpy(), expected, rtol=1e-12, atol=1e-11)
 
 
 def test_first_working_set_takes_the_blocks_that_stand_out():

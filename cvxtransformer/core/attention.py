@@ -107,10 +107,10 @@ class AttentionOperator(_SampleOperator):
     X : tensor of shape (N, n, d), every token, in the op's dtype; on ``device`` or, when it does
         not fit there, on the CPU (chunks of samples are then streamed); or a
         :class:`~cvxtransformer.core.data.StreamedRows` (a memory map read chunk by chunk)
-    K : tensor of token indices, or None for every token. No copy of X is ever made: ``forward`` and
-        ``adjoint`` read the tokens K in place (runs of consecutive tokens are views of X's rows, which
-        BLAS reads with X's row stride); :meth:`rows` gathers them for a chunk of samples that stays in
-        cache (the Gram matrices' products, as BLAS packs its operands anyway)
+    K : tensor of token indices, or None for every token. No copy of X is ever made: with one output
+        column ``forward`` and ``adjoint`` read the tokens K in place (runs of consecutive tokens are views
+        of X's rows, which BLAS reads with X's row stride); otherwise, and for the Gram matrices, :meth:`rows`
+        gathers them for a chunk of samples that stays in cache, as BLAS packs its operands anyway
     mask : tensor of shape ``(N, |J|)`` on ``device``, the gate columns J; None for (8)/(10)
     c : outputs
     chunk : samples per chunk (None: chosen so a chunk's temporaries stay a few MB)
@@ -126,9 +126,12 @@ class AttentionOperator(_SampleOperator):
         self.hJ = 1 if mask is None else mask.shape[1]
         self.dtype = X.dtype
         self.chunk_arg = chunk
-        # tokens K of data on the device are read in place, as runs of consecutive tokens (views of X's rows:
-        # no copy) by forward and adjoint; rows() gathers them chunk by chunk, in chunks that stay in cache
-        self.runs = None if K is None or self.streams else token_runs(K)
+        # tokens K of data on the device are read in place by forward and adjoint, as runs of consecutive tokens
+        # (views of X's rows: no copy), where the products have one column (matrix-vector products stream the
+        # rows at any stride); with several columns MKL's products of strided rows are slower than gathering a
+        # chunk that stays in cache (rows()), as BLAS packs its operands anyway ((12), N=20,000, 8 gates, 3 of
+        # 8 tokens, one thread: 8.2 ms in place, 3.5 ms gathered)
+        self.runs = None if K is None or self.streams or self.hJ * c > 1 else token_runs(K)
         size = X.element_size()
         if chunk is None and self.runs is not None:  # rows() gathers the tokens K in chunks that stay in cache
             chunk = max(256, int(GATHER_BYTES // (size * self.F)))
@@ -376,10 +379,14 @@ class AttentionOperator(_SampleOperator):
         ``Y = sqrt(w) X`` taken once per chunk: no weighted copy of the samples for each pair (the
         logistic program (12), N = 10,000, 16 gates, 0.1 beta_max: 0.36 s -> 0.31 s a solve)."""
         F, hJ, m = self.F, self.hJ, 1 if weights is None else weights.shape[1]
-        H = torch.zeros(m, hJ, F, hJ, F, dtype=self.dtype, device=self.device)
         if self._binary is None:
             self._binary = bool(((self.mask == 0) | (self.mask == 1)).all())
         root = self._binary and (weights is None or (m == 1 and bool((weights >= 0).all())))
+        if root and hJ <= 62:
+            patterns = self._patterns()
+            if patterns is not None:
+                return self._pattern_grams(weights, *patterns)
+        H = torch.zeros(m, hJ, F, hJ, F, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
             Xc, Mc = self.rows(s, e), self.mask[s:e]
             on_any = Mc != 0 if weights is None else (Mc != 0) & (weights[s:e] != 0).any(dim=1, keepdim=True)
@@ -408,6 +415,51 @@ class AttentionOperator(_SampleOperator):
             for k in range(j + 1, hJ):
                 H[:, k, :, j] = H[:, j, :, k].transpose(1, 2)
         return H.view(m, hJ * F, hJ * F)
+
+    def _patterns(self):
+        """The samples grouped by their pattern of open gates, ``(patterns (P, |J|) 0/1, the samples sorted by
+        pattern, where each pattern's samples start (P + 1))``, where summing a Gram matrix per pattern costs
+        less than per pair of gates: ``N + P |J|^2`` against ``sum_{j <= j'} |{i: M_ij M_ij' = 1}|`` products of
+        ``(|K| d)^2`` (8 gates on 20,000 samples: 256 patterns at most, 36,000 against 260,000); else None."""
+        if self.shards is not None:
+            return None
+        bits = self.mask.to(torch.int64) << torch.arange(self.hJ, device=self.mask.device)
+        codes, inverse, counts = torch.unique(bits.sum(dim=1), return_inverse=True, return_counts=True)
+        on = self.mask != 0
+        pairs = float(torch.triu(on.T.to(F64) @ on.to(F64)).sum())
+        if self.N + len(codes) * self.hJ ** 2 >= pairs:
+            return None
+        patterns = ((codes[:, None] >> torch.arange(self.hJ, device=codes.device)) & 1).to(self.dtype)
+        starts = torch.zeros(len(codes) + 1, dtype=torch.int64, device=codes.device)
+        starts[1:] = torch.cumsum(counts, 0)
+        return patterns, torch.argsort(inverse, stable=True), starts.tolist()
+
+    def _pattern_grams(self, weights, patterns, order, starts):
+        """:meth:`_gated_grams` with gates 0/1 (weights one column >= 0, or none) by patterns of open gates:
+        ``G_p = sum_{i in p} w_i x_i x_i^T`` over the samples of each pattern p (its samples gathered a
+        cache-sized group at a time), then block ``(j, j') = sum_{p: j, j' open} G_p``, one product over the
+        patterns. The same sums as by pairs of gates, in ``N`` instead of ``sum_{j <= j'} |{i: both open}|``
+        products of the tokens' Gram size."""
+        F, hJ, P = self.F, self.hJ, len(patterns)
+        G = torch.zeros(P, F, F, dtype=self.dtype, device=self.device)
+        rows = max(256, int(GATHER_BYTES // (self.X.element_size() * F)))
+        p = 0
+        while p < P:  # whole patterns, about ``rows`` samples at a time
+            q = p + 1
+            while q < P and starts[q + 1] - starts[p] <= rows:
+                q += 1
+            idx = order[starts[p]:starts[q]]
+            Y = self.X.index_select(0, idx)
+            Y = (Y if self.K is None else Y.index_select(1, self.K)).reshape(len(idx), F)
+            if weights is not None:
+                Y = Y * torch.sqrt(weights.index_select(0, idx))
+            for r in range(p, q):
+                Yr = Y[starts[r] - starts[p]:starts[r + 1] - starts[p]]
+                torch.mm(Yr.T, Yr, out=G[r])
+            p = q
+        both = (patterns[:, :, None] * patterns[:, None, :]).reshape(P, hJ * hJ)
+        H = (both.T @ G.reshape(P, F * F)).view(hJ, hJ, F, F).permute(0, 2, 1, 3)
+        return H.reshape(1, hJ * F, hJ * F)
 
     def sample_norms(self):
         """``||D_i||^2``, the squared norm of every sample's gated design row (N,): ``||x_iK||^2 sum_j M_ij^2``."""

@@ -84,9 +84,10 @@ class BlockWorkingSet:
 
         The working set only grows: it keeps its blocks (gate j, token k) and adds the worst KKT
         violators outside it (``max_l ||(A^T V)_{j,l,k}|| > beta``), at most as many as it holds
-        (at least ``p0``). The first one (nothing held) takes the tokens whose best score over the gates
-        stands out (:func:`first_size`, at most ``p0``), each with its violating gates: on gated
-        programs every gate of a token is about as likely as any other. It is *settled* when no block outside it violates the KKT conditions
+        (at least ``p0``). The first one (nothing held) takes, for each output, the tokens whose best score
+        over the gates stands out (:func:`first_size`, at most ``p0``), each with its violating gates: on
+        gated programs every gate of a token is about as likely as any other, and the outputs of program
+        (10) share the Gram matrix of the set but have tokens of their own. It is *settled* when no block outside it violates the KKT conditions
         (or it holds every unscreened block): its solution is then the full solution.
         """
         beta = self.problem.beta
@@ -98,12 +99,17 @@ class BlockWorkingSet:
         candidates = blocks_open & ~self.ws & (score > 1.0)
         n_cand = int(candidates.sum())
         if n_cand and enabled and not self.ws.any():  # the first set: tokens that stand out, every violating gate
-            token = torch.where(candidates, score, torch.full_like(score, -np.inf)).amax(dim=0)  # (n,)
-            open_tokens = torch.isfinite(token)
+            open_tokens = candidates.any(dim=0)
             every = int(open_tokens.sum())
-            small = self.problem.program.N * (self.h * every * self.d) ** 2 <= ONE_ROUND
-            take = every if small else first_size(token[open_tokens], p0)
-            chosen = torch.topk(torch.where(open_tokens, token, torch.full_like(token, -np.inf)), take).indices
+            chosen = open_tokens.clone()
+            if self.problem.program.N * (self.h * every * self.d) ** 2 > ONE_ROUND:  # else all of them at once
+                chosen[:] = False
+                per_output = torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=0) / beta  # (c, n)
+                for token in torch.where(open_tokens, per_output, torch.full_like(per_output, -np.inf)):
+                    take = first_size(token[open_tokens], p0)  # each output's own tokens that stand out
+                    chosen[torch.topk(token, take).indices] = True
+                if 4 * int(chosen.sum()) >= 3 * every:  # most of them: all, rather than a second round for the rest
+                    chosen = open_tokens
             self.ws[:, chosen] = candidates[:, chosen]
         elif n_cand:
             held = int(self.ws.sum())
