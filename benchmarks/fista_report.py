@@ -217,16 +217,25 @@ HOW = [
     "with gap-safe screening.", "",
     "1. Certify the current Z in float64 on the whole problem (P, the scaled residual dual point, the best dual "
     "point so far: exactly what the verifier recomputes) and stop when the relative gap <= tol. Budgets "
-    "(`max_iter`, `time_limit`) end the solve with a status that says so and `certified: false`.",
+    "(`max_iter`, `time_limit`) end the solve with a status that says so and `certified: false`. The first check, "
+    "at Z = 0, reads the scores `beta_max()` computed (no pass); on the CPU in float64 a check is the verifier's own "
+    "`residual_of` of Z (a forward pass over the tokens where Z is nonzero, one adjoint), which the verifier "
+    "remembers by Z's values: `ct.solve`'s certificate of the Z returned reads no more data.",
     "2. Gap-safe screening discards groups proved zero (exact operator norms along a path, a Frobenius bound "
     "otherwise).",
-    "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing; the first one takes the "
-    "blocks whose KKT scores stand out, above their largest relative drop, at most `p0`: a pivot rule like "
-    "adelie's). Squared loss: FISTA on "
+    "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing; the first one takes, for "
+    "each output, the tokens whose KKT scores stand out, above their largest relative drop, at most `p0`: a pivot "
+    "rule like adelie's; all of them where their Gram matrix costs under 3e7 multiply-adds or the pivot takes "
+    "three quarters). The data are read in place: no copy of X's columns per working set or per iteration "
+    "(matrix-vector products read the tokens as views of X's rows; products with several columns and the Gram "
+    "matrices gather a cache-sized chunk of samples at a time). Squared loss: FISTA on "
     "the Gram matrix of the working set when a cost model says it pays (built in chunks of samples; "
     "when the set gains tokens, only the new columns; "
-    "block-triangular; on gated programs block (j, j') of gates sums only the samples where both gates are on), "
-    "with a Newton polish on a stable support. Logistic and cross-entropy: **proximal Newton** "
+    "block-triangular; on gated programs one Gram matrix per pattern of open gates, then every block (j, j') at "
+    "once, or block (j, j') over the samples where both gates are on, whichever costs less); otherwise on the "
+    "data, until its iterations have cost as much as the Gram matrix (ski rental), then on the Gram matrix; a "
+    "set solved to tol at once where a check costs more than its iterations; a Newton polish on a stable "
+    "support (small supports from a gap of 0.05). Logistic and cross-entropy: **proximal Newton** "
     "(`solvers/proxgrad/prox_newton.py`): at each step the Hessian `A^T W A` of the loss on the active blocks "
     "(nonzero, and the worst violators) is summed from the data in float32 (coupled across the c outputs for "
     "cross-entropy; pairs of gates as for the Gram matrix; the lightest samples, together at most 1e-4 of its "
@@ -242,7 +251,8 @@ HOW = [
     "cost, where it is not clear that Newton pays (large c F), and keeps first order where the model cannot be "
     "formed (one-hot tokens, the nuclear norm). First order is FISTA with backtracking, gradient-based adaptive "
     "restart and, for these losses, a Lipschitz estimate that may shrink after a step the curvature decided.",
-    "4. Small products run on one thread (splitting them only costs), large ones on torch's threads.", ""]
+    "4. Threads (`cvxtransformer.core.threads`): `threads=k` caps torch's and BLAS's threads (threadpoolctl) for "
+    "the whole call, the verification included; products under 2e6 multiply-adds run on one thread.", ""]
 
 
 def write(parts, out, figure, quick=False):
@@ -252,13 +262,17 @@ def write(parts, out, figure, quick=False):
          "Time to a relative duality gap <= 1e-6 **certified by our verifier** (`ct.certify`: the gap of the "
          "returned Z against the best of the scaled residual dual point, a dual point the solver returns, and the "
          "verifier's refined dual point, whose time is not counted), for every solver, on the same instances. "
-         "Ratios are peer time / fista time (> 1: fista is faster); `n.c.` means the peer never reached a "
+         "Ours is timed as a user calls it, `ct.solve(problem, \"fista\")` (the backend and the verification from "
+         "Z), with the backend alone beside it. Ratios are peer time / `ct.solve` time (> 1: ours is faster); "
+         "`n.c.` means the peer never reached a "
          "certified 1e-6 (its best certified gap and longest run are shown; the ratio is then a lower bound).", "",
          f"- Machine: {first.get('machine', 'not run')}.",
          "- Regenerate (from the repository root, `PYTHONPATH=.`, nothing else heavy running): `bash "
          "benchmarks/setup_adelie.sh` once (adelie's venv), then `python benchmarks/bench_fista.py --part P` for P in "
-         "squared, squared_large, extras, logistic, logistic_large, cross_entropy, adelie, adelie_large (and gpu on a "
-         "machine with a CUDA GPU); each part stores `out/bench_fista/P.json` and rewrites this page from every part "
+         "solve, squared, squared_large, extras, logistic, logistic_large, cross_entropy, adelie, adelie_large "
+         "(`python benchmarks/bench_fista.py` runs them all, one after the other), and solve_large (N = 10^6) and gpu "
+         "(on a machine with a CUDA GPU) when asked for; `--seed S` measures other instances of the same kinds in the "
+         "parts solve and solve_large; each part stores `out/bench_fista/P.json` and rewrites this page from every part "
          "stored.",
          "- Runs: one part per command on a machine shared with other sessions (the 1-minute load average, "
          "measured at the start and the end of each part, says how busy it was; timings can be noisy); runs under "
@@ -273,11 +287,13 @@ def write(parts, out, figure, quick=False):
     if missing:
         L.append(f"| {', '.join(missing)} | not run | | | | |")
     caps = first.get("caps", {})
-    L += ["", "- Timed: fista = `cvxtransformer.solvers.proxgrad.ProxGrad.solve` end to end (numpy -> torch, Gram and "
-          "Hessian matrices, every certificate check), float64, CPU, **one thread** (torch.set_num_threads(1); numpy's BLAS too, "
-          "OPENBLAS/OMP/MKL_NUM_THREADS=1, for every solver: skglm, celer, adelie, Clarabel and SCS run on one "
+    L += ["", "- Timed: `ct.solve` = `cvxtransformer.solve(problem, \"fista\", threads=1)` end to end (the backend, "
+          "then the verifier's certificate of its Z), each run on a fresh problem object (the verifier remembers the "
+          "last Z per problem); backend alone = `cvxtransformer.solvers.proxgrad.ProxGrad.solve` (numpy -> torch, "
+          "Gram and Hessian matrices, every certificate check); float64, CPU, **one thread** (torch's and numpy's "
+          "BLAS, by threadpoolctl, for every solver: skglm, celer, adelie, Clarabel and SCS run on one "
           "thread, and a second thread only stalls on a shared machine: with two BLAS threads under load skglm and "
-          "celer took 0.44 s on a 0.004 s row); "
+          "celer took 0.44 s on a 0.004 s row); every solver the best of 3 runs under 2 s; "
           "skglm = `GroupBCD.solve` (squared and logistic) and `GroupProxNewton.solve` (logistic) on the "
           "Fortran-ordered design (alpha = beta/N, as its loss is averaged), each swept over tol = 1e-5 ... 1e-10 "
           "and credited with the loosest tol that certifies (favours skglm); celer = `GroupLasso.fit` (squared "
@@ -401,7 +417,8 @@ def solve_targets(parts):
         return []
     below1 = [(t, i, x) for t, i, x in vals if x is None or x < 1]
     below2 = [(t, i, x) for t, i, x in vals if x is None or x < 2]
-    why = "; ".join(f"{t}: {_x(x)} ({MISSES.get(label(i).split(', beta')[0], 'see the section')})" for t, i, x in below1)
+    why = "; ".join(f"{t}: {_x(x)} ({MISSES.get(label(i).split(', beta')[0], 'see the section')})"
+                    for t, i, x in below1)
     return [f"| `ct.solve` at least as fast as the peer on every row of the headline ({len(vals)}; peer time / "
             f"`ct.solve`) | {len(vals) - len(below1)} of {len(vals)} | {'yes' if not below1 else 'MISSED on ' + why} |",
             f"| aim: 2x the peer on every row of the headline | {len(vals) - len(below2)} of {len(vals)} at 2x or "
@@ -416,7 +433,8 @@ def solve_section(parts):
     """The headline section: the rows of the parts solve and solve_large (and their other seeds)."""
     stored = {name: p for name, p in parts.items() if name.startswith("solve")}
     runs_of = "; ".join(f"`{p['command']}` at commit {p.get('commit', '?')}, {p['started']} UTC, {p['minutes']:.1f} "
-                        f"min, 1-minute load average {p['load0']} at start, {p['load1']} at end" for p in stored.values())
+                        f"min, 1-minute load average {p['load0']} at start, {p['load1']} at end"
+                        for p in stored.values())
     repeats = next(iter(stored.values())).get("repeats", 5)
     L = ["## Headline: `ct.solve` end to end against adelie, skglm and celer", "",
          f"{runs_of}; on {next(iter(stored.values()))['machine']}.", "",
@@ -446,7 +464,8 @@ def solve_section(parts):
             p = runs[peer]
             x_cpu = f"{p.cpu / f.cpu:.3g}" if p.cpu and f.cpu and p.seconds and f.seconds else "-"
             L.append(f"| {label(row['instance'])}{_seed(parts[name])} | {fmt_time(f)} | {b.seconds:.3g} | "
-                     f"{f.gap:.1e} | {row['passes']:.2f} | {row['one_pass']:.3g} | {PEER_NAMES[peer]} | {fmt_time(p)} | "
+                     f"{f.gap:.1e} | {row['passes']:.2f} | {row['one_pass']:.3g} | {PEER_NAMES[peer]} | "
+                     f"{fmt_time(p)} | "
                      f"{p.note} | {ratio(p, f)} | {x_cpu} | {row['load'][0]:.2f} / {row['load'][1]:.2f} |")
     L += ["", "| target | measured | met |", "|---|---|---|"] + solve_targets(parts)
     return L + [""]

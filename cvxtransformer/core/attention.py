@@ -70,6 +70,7 @@ def gated_outputs(A, mask, h, c):
 
 
 GATHER_BYTES = 2**19  # rows of tokens K gathered at a time (rows()): they stay in a core's cache for the products
+PATTERN_BYTES = 2**28  # largest stack of Gram matrices, one per pattern of open gates (_patterns)
 
 
 def token_runs(K):
@@ -135,15 +136,16 @@ class AttentionOperator(_SampleOperator):
         size = X.element_size()
         if chunk is None and self.runs is not None:  # rows() gathers the tokens K in chunks that stay in cache
             chunk = max(256, int(GATHER_BYTES // (size * self.F)))
-        elif chunk is None:
+        elif chunk is None:  # streamed data is read whole rows at a time (every token), then the tokens K gathered
             copied = K is not None or self.streams
-            chunk = max(256, int(CHUNK_BYTES // (size * (self.F * copied + 2 * self.hJ * c + 1))))
+            whole = n * self.d if self.streams else 0
+            chunk = max(256, int(CHUNK_BYTES // (size * (whole + self.F * copied + 2 * self.hJ * c + 1))))
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
         # products that read the tokens K in place: over every sample at once ungated; gated, in chunks whose
         # (rows, |J| c) temporaries take CHUNK_BYTES
         step = self.N if self.mask is None else max(256, int(CHUNK_BYTES // (size * (2 * self.hJ * c + 1))))
-        step = step if self.chunk_arg is None else self.chunk
+        step = max(1, step if self.chunk_arg is None else self.chunk)
         self.product_bounds = [(s, min(s + step, self.N)) for s in range(0, self.N, step)]
         self._buffers = {}
         self._binary = None  # whether every gate is 0 or 1 (as gate_mask makes them), once asked
@@ -242,7 +244,8 @@ class AttentionOperator(_SampleOperator):
                 else:
                     for part, (_, Xr) in zip(parts, runs):
                         part.addmm_(w, Xr)
-            G = torch.cat([part[:m] for part in parts], dim=1)
+            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device) if parts is None else \
+                torch.cat([part[:m] for part in parts], dim=1)
         else:
             G = None
             for s, e in self.bounds:
@@ -420,14 +423,16 @@ class AttentionOperator(_SampleOperator):
         """The samples grouped by their pattern of open gates, ``(patterns (P, |J|) 0/1, the samples sorted by
         pattern, where each pattern's samples start (P + 1))``, where summing a Gram matrix per pattern costs
         less than per pair of gates: ``N + P |J|^2`` against ``sum_{j <= j'} |{i: M_ij M_ij' = 1}|`` products of
-        ``(|K| d)^2`` (8 gates on 20,000 samples: 256 patterns at most, 36,000 against 260,000); else None."""
-        if self.shards is not None:
+        ``(|K| d)^2`` (8 gates on 20,000 samples: 256 patterns at most, 36,000 against 260,000), and their Gram
+        matrices take at most ``PATTERN_BYTES``; else None (also for streamed or sharded data)."""
+        if self.shards is not None or self.streams:
             return None
         bits = self.mask.to(torch.int64) << torch.arange(self.hJ, device=self.mask.device)
         codes, inverse, counts = torch.unique(bits.sum(dim=1), return_inverse=True, return_counts=True)
         on = self.mask != 0
         pairs = float(torch.triu(on.T.to(F64) @ on.to(F64)).sum())
-        if self.N + len(codes) * self.hJ ** 2 >= pairs:
+        too_big = len(codes) * self.F ** 2 * self.X.element_size() > PATTERN_BYTES
+        if too_big or self.N + len(codes) * self.hJ ** 2 >= pairs:
             return None
         patterns = ((codes[:, None] >> torch.arange(self.hJ, device=codes.device)) & 1).to(self.dtype)
         starts = torch.zeros(len(codes) + 1, dtype=torch.int64, device=codes.device)

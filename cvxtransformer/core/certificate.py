@@ -191,11 +191,15 @@ class RecoveredObjectives:
     form it offers, computed when first read: each is a pass over X that the certificate's own two
     passes do not need (``reduction.objective``, from the heads, independent of the program's map), so
     :func:`cvxtransformer.solve` does not pay for them unless they are read. Pickled with every form
-    computed (no reference to the problem is kept then)."""
+    computed (no reference to the problem is kept then). A problem sharded over processes computes them at
+    once: their sums over samples are collectives that every process must join."""
 
     def __init__(self, problem, Z, threads=None):
         self.problem, self.Z, self.threads, self.values = problem, Z, threads, {}
         self.forms = problem.reduction.forms
+        if problem.program.shards is not None:  # its sums take every process: computed by each, now
+            for form in self.forms:
+                self(form)
 
     def __call__(self, form):
         if form not in self.forms:
@@ -203,9 +207,9 @@ class RecoveredObjectives:
         if form not in self.values:
             from .threads import limited
 
-            reduction = self.problem.reduction
+            problem, reduction = self.problem, self.problem.reduction
             with limited(self.threads):
-                self.values[form] = float(reduction.objective(self.problem, reduction.invert(self.problem, self.Z, form)))
+                self.values[form] = float(reduction.objective(problem, reduction.invert(problem, self.Z, form)))
             if len(self.values) == len(self.forms):
                 self.problem = self.Z = None
         return self.values[form]

@@ -84,11 +84,13 @@ class BlockWorkingSet:
 
         The working set only grows: it keeps its blocks (gate j, token k) and adds the worst KKT
         violators outside it (``max_l ||(A^T V)_{j,l,k}|| > beta``), at most as many as it holds
-        (at least ``p0``). The first one (nothing held) takes, for each output, the tokens whose best score
-        over the gates stands out (:func:`first_size`, at most ``p0``), each with its violating gates: on
-        gated programs every gate of a token is about as likely as any other, and the outputs of program
-        (10) share the Gram matrix of the set but have tokens of their own. It is *settled* when no block outside it violates the KKT conditions
-        (or it holds every unscreened block): its solution is then the full solution.
+        (at least ``p0``). The first one (nothing held) takes, for each output, the tokens whose best
+        score over the gates stands out (:func:`first_size`, at most ``p0``), each with its violating
+        gates (on gated programs every gate of a token is about as likely as any other, and the outputs
+        of program (10) share the Gram matrix of the set but have tokens of their own); every violating
+        token where that is three quarters of them or more, or where their Gram matrix costs at most
+        ``ONE_ROUND`` multiply-adds. It is *settled* when no block outside it violates the KKT
+        conditions (or it holds every unscreened block): its solution is then the full solution.
         """
         beta = self.problem.beta
         blocks_open = ~self.screened.all(dim=1)  # (h, n)
@@ -102,7 +104,7 @@ class BlockWorkingSet:
             open_tokens = candidates.any(dim=0)
             every = int(open_tokens.sum())
             chosen = open_tokens.clone()
-            if self.problem.program.N * (self.h * every * self.d) ** 2 > ONE_ROUND:  # else all of them at once
+            if self.op.N_total * (self.h * every * self.d) ** 2 > ONE_ROUND:  # else all of them at once (every shard)
                 chosen[:] = False
                 per_output = torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=0) / beta  # (c, n)
                 for token in torch.where(open_tokens, per_output, torch.full_like(per_output, -np.inf)):
