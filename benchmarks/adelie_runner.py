@@ -1,6 +1,12 @@
 """adelie's group lasso on a stored design, run in adelie's own venv (``benchmarks/setup_adelie.sh``).
 
     benchmarks/.adelie-venv/bin/python benchmarks/adelie_runner.py JOB.npz OUT.npz
+    benchmarks/.adelie-venv/bin/python benchmarks/adelie_runner.py --serve JOB.npz
+
+The second form keeps the design loaded and fits on request, one line of JSON per fit on stdin
+(``{"tol": 1e-8, "mode": "single", "out": "W.npy"}``; the coefficients go to ``out``) and one line of
+JSON back on stdout (``{"seconds": ..., "cpu": ...}``, the fit alone): the caller interleaves these fits
+with its own solves, each timed the same way (benchmarks/bench_fista.py, part ``solve``).
 
 JOB.npz holds ``D`` (N, p) (the design of program (8), (10) or (12): X reshaped (N, h*n*d), groups of
 ``d`` consecutive columns), ``y`` (N,) or (N, c) (program (10): its groups are one output's coefficients of
@@ -62,15 +68,36 @@ def fit_one(D, y, loss, lam, groups, mode, tol, lmax):
     return np.asarray(state.betas[-1].toarray()).ravel()
 
 
-def main(job_path, out_path):
+def load(job_path):
+    """The design (Fortran-ordered), targets (N, c), loss, lambda and groups of a job."""
     job = np.load(job_path)
     D = np.asfortranarray(job["D"])
     y = np.asarray(job["y"], dtype=np.float64)
-    y = y.reshape(len(y), -1)  # (N, c)
+    y = y.reshape(len(y), -1)
     loss, d = str(job["loss"]), int(job["d"])
-    N, p = D.shape
-    lam = float(job["beta"]) / N
-    groups = np.arange(0, p, d)
+    return D, y, loss, float(job["beta"]) / D.shape[0], np.arange(0, D.shape[1], d), d
+
+
+def serve(job_path):
+    """Fit on request (see the module docstring) until stdin ends."""
+    import json
+
+    D, y, loss, lam, groups, d = load(job_path)
+    fit_one(np.asfortranarray(D[:200]), y[:200, 0].copy(), loss, lam, groups, "single", 1e-7, None)
+    lmaxes = [lambda_max(D, y[:, k], loss, d) for k in range(y.shape[1])]
+    print(json.dumps({"ready": ad.__version__}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        t, c = time.perf_counter(), time.process_time()
+        b = fit(D, y, loss, lam, groups, ask["mode"], float(ask["tol"]), lmaxes)
+        wall, c = time.perf_counter() - t, time.process_time() - c
+        np.save(ask["out"], b.ravel())
+        print(json.dumps({"seconds": wall, "cpu": c}), flush=True)
+
+
+def main(job_path, out_path):
+    job = np.load(job_path)
+    D, y, loss, lam, groups, d = load(job_path)
     repeats, cap = int(job["repeats"]), float(job["time_cap"])
     # load the library outside the timing
     fit_one(np.asfortranarray(D[:200]), y[:200, 0].copy(), loss, lam, groups, "single", 1e-7, None)
@@ -96,4 +123,7 @@ def main(job_path, out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -18,6 +18,10 @@ only that). See :mod:`fista_report`.
     python benchmarks/bench_fista.py --part adelie_large   # the same at N = 10^6 (about 8 GB of memory)
     python benchmarks/bench_fista.py --part gpu            # on a machine with a CUDA GPU (not in the default run):
                                                            # CPU (every core) against the GPU, float64 and float32
+    python benchmarks/bench_fista.py --part solve          # the headline: ct.solve (what a user calls, verification
+                                                           # included) against adelie, skglm and celer, interleaved
+    python benchmarks/bench_fista.py --part solve_large    # the same at N = 10^6 (about 6 GB of memory)
+    python benchmarks/bench_fista.py --part solve --seed 7 # other instances of the same kinds (seed of the data)
 """
 import argparse
 import json
@@ -33,6 +37,7 @@ if "gpu" not in sys.argv:  # every solver on one thread, numpy's BLAS (skglm, ce
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fista_peers as peers  # noqa: E402
@@ -152,13 +157,94 @@ def adelie_instances():
             + [Instance(12, "squared", 10_000, 8, 16, 0.8, f, heads=16, peers=only) for f in (0.01, 0.001)])
 
 
+def solve_instances(part, quick):
+    """The instances of the parts ``solve`` and ``solve_large``: the kinds of issue #42's table, (8), (10) and (12)
+    with the squared and logistic losses, at large and small beta, against adelie; and a small one against skglm
+    and celer (below N = 10^4 adelie's fixed costs make it a peer of no interest: every solve takes milliseconds)."""
+    A, small = ("adelie",), ("skglm", "celer")
+    if quick:
+        return {"solve": [Instance(8, "squared", 20_000, 8, 16, 0.5, 0.1, peers=A),
+                          Instance(8, "logistic", 10_000, 8, 16, 0.5, 0.01, peers=A),
+                          Instance(8, "squared", 1_000, 8, 16, 0.8, 0.1, peers=small)],
+                "solve_large": [Instance(8, "squared", 100_000, 8, 16, 0.5, 0.1, peers=A)]}.get(part, [])
+    return {"solve": [Instance(8, "squared", 200_000, 8, 16, 0.5, 0.1, peers=A),
+                      Instance(8, "squared", 50_000, 8, 16, 0.5, 0.05, peers=A),
+                      Instance(10, "squared", 30_000, 8, 16, 0.5, 0.1, classes=3, peers=A),
+                      Instance(12, "squared", 20_000, 8, 16, 0.5, 0.1, heads=8, peers=A),
+                      Instance(8, "squared", 20_000, 16, 32, 0.8, 0.1, peers=A),
+                      Instance(8, "squared", 1_000, 8, 16, 0.8, 0.1, peers=small),
+                      Instance(8, "squared", 200_000, 8, 16, 0.5, 0.01, peers=A),
+                      Instance(8, "squared", 200_000, 8, 16, 0.5, 0.001, peers=A),
+                      Instance(10, "squared", 30_000, 8, 16, 0.5, 0.001, classes=3, peers=A),
+                      Instance(12, "squared", 20_000, 8, 16, 0.5, 0.01, heads=8, peers=A)]
+            + _over_betas(lambda f: Instance(8, "logistic", 50_000, 8, 16, 0.5, f, peers=A))
+            + [Instance(12, "logistic", 20_000, 8, 16, 0.5, 0.1, heads=8, peers=A)],
+            "solve_large": [Instance(8, "squared", 1_000_000, 8, 16, 0.5, f, peers=A) for f in (0.1, 0.01)]
+            + [Instance(8, "logistic", 1_000_000, 8, 16, 0.5, 0.1, peers=A)]}.get(part, [])
+
+
+def solve_row(inst, seed, repeats):
+    """One row of the part ``solve``: ``ct.solve`` and the backend alone on one thread, the peer at its
+    fastest setting that our verifier certifies (found by a sweep first), all timed ``repeats`` times in turn
+    (best of each); the passes over X of one ``ct.solve`` (counted), and one pass's time."""
+    from cvxtransformer.solvers.proxgrad import ProxGrad
+
+    problem = make(inst, seed)
+    D = peers.design(problem)
+    timers = {"ct.solve": peers.timed_once(lambda: ct.solve(peers.fresh(problem), "fista", threads=1)),
+              "backend": peers.timed_once(lambda: ProxGrad().solve(peers.fresh(problem), tol=peers.TARGET, threads=1))}
+    settings, sweeps, server = {}, {}, None
+    try:
+        for name in inst.peers:
+            if name == "adelie":
+                if not peers.ADELIE_PYTHON.exists():
+                    sweeps[name] = peers.Run(note="adelie not installed: run benchmarks/setup_adelie.sh")
+                    continue
+                server = peers.AdelieServer(problem, D)
+                settings[name], sweeps[name] = peers.adelie_setting(server, problem, repeats)
+                if settings[name] is not None:
+                    timers[name] = (lambda s: lambda: server.fit(*s))(settings[name])
+            else:
+                fit = (peers.skglm_fit if name == "skglm" else peers.celer_fit)(problem, D)
+                fit(1e-4)  # compile (numba) outside the timing
+                tol = peers.swept_tol(fit, problem, peers.SKGLM_TOLS if name == "skglm" else peers.CELER_TOLS)
+                sweeps[name] = peers.Run(note="not certified" if tol is None else f"tol={tol:g}")
+                if tol is not None:
+                    settings[name] = tol
+                    timers[name] = (lambda f, t: peers.timed_once(lambda: f(t)))(fit, tol)
+        best = peers.interleaved(timers, repeats)
+    finally:
+        if server is not None:
+            server.close()
+    runs = {}
+    for name, (seconds, cpu, out) in best.items():
+        if name == "ct.solve":
+            gap = out.certificate.relative_gap
+            runs[name] = peers.Run(seconds if gap <= peers.TARGET else None, gap, note=out.status, cpu=cpu,
+                                   iterations=out.iterations,
+                                   methods=",".join(sorted({h.method for h in out.history if h.method})))
+        elif name == "backend":
+            runs[name] = peers.Run(seconds, note=out.status, cpu=cpu, iterations=out.iterations)
+        else:
+            gap = peers.gap_of(problem, out)
+            runs[name] = peers.Run(seconds if gap <= peers.TARGET else None, gap, note=sweeps[name].note, cpu=cpu)
+    for name, sweep in sweeps.items():
+        runs.setdefault(name, sweep)
+    passes, _ = peers.passes_of(lambda: ct.solve(peers.fresh(problem), "fista", threads=1), problem.program.X)
+    V = torch.from_numpy(problem.T.copy())
+    op = problem.program.operator()
+    one_pass = min(peers.timed_once(lambda: op.adjoint(V))()[0] for _ in range(repeats))
+    return runs, passes, one_pass
+
+
 PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy", "adelie", "adelie_large",
-         "gpu")
+         "gpu", "solve", "solve_large")
+SOLVE_REPEATS = 5  # runs of each solver in turn, best of them
 
 
 def run_instance(inst, caps):
     problem = make(inst)
-    runs = {"fista": peers.run_fista(problem)}
+    runs = {"ct.solve": peers.run_fista(problem, solve=True), "fista": peers.run_fista(problem)}
     D = peers.design(problem) if {"skglm", "skglm_pn", "celer", "adelie"} & set(inst.peers) else None
     for name in inst.peers:
         if name in ("skglm", "skglm_pn"):
@@ -171,10 +257,6 @@ def run_instance(inst, caps):
         elif name in ("clarabel", "scs"):
             runs[name] = peers.run_cvxpy(problem, name, time_cap=caps[name])
     del D
-    if "adelie" in inst.peers:  # ours again after the peers: the faster of the two, under comparable load
-        again = peers.run_fista(problem)
-        if again.seconds is not None and (runs["fista"].seconds is None or again.seconds < runs["fista"].seconds):
-            runs["fista"] = again
     return runs
 
 
@@ -293,7 +375,8 @@ def gpu_instances(quick):
             Instance(8, "logistic", 100_000, 16, 32, 0.8, 0.01, peers=()),
             Instance(12, "logistic", 10_000, 8, 16, 0.8, 0.1, heads=16, peers=()),
             Instance(12, "logistic", 10_000, 8, 16, 0.8, 0.001, heads=16, peers=()),
-            Instance(10, "cross_entropy", 50_000, 8, 16, 0.8, 0.01, classes=5, peers=())]
+            Instance(10, "cross_entropy", 50_000, 8, 16, 0.8, 0.01, classes=5, peers=()),
+            Instance(12, "squared", 10_000_000, 8, 16, 0.5, 0.1, heads=8, peers=())]  # 10 GB of X: issue #42
 
 
 def bench_gpu(quick):
@@ -307,9 +390,9 @@ def bench_gpu(quick):
     rows = []
     for inst in gpu_instances(quick):
         problem = make(inst)
-        runs = {"cpu": peers.run_fista(problem, threads=threads),
-                "cuda": peers.run_fista(problem, device="cuda"),
-                "cuda_float32": peers.run_fista(problem, device="cuda", dtype="float32", time_limit=60)}
+        runs = {"cpu": peers.run_fista(problem, solve=True, threads=threads),
+                "cuda": peers.run_fista(problem, solve=True, device="cuda"),
+                "cuda_float32": peers.run_fista(problem, solve=True, device="cuda", dtype="float32", time_limit=60)}
         rows.append({"instance": asdict(inst), "runs": {k: asdict(r) for k, r in runs.items()}})
         print(inst.label, "|", " | ".join(f"{k} {fmt_time(r)} ({ratio(runs['cpu'], r)}x)" for k, r in runs.items()),
               flush=True)
@@ -329,22 +412,32 @@ def beta_span(inst, repeats=SPAN_REPEATS):
     best = [np.inf, np.inf]
     for _ in range(repeats):
         for i, problem in enumerate(problems):
-            seconds = peers.run_fista(problem, repeats=1).seconds
+            seconds = peers.run_fista(problem, repeats=1, solve=True).seconds
             best[i] = min(best[i], np.inf if seconds is None else seconds)
     return best
 
 
-def run_part(part, quick, caps):
+def run_part(part, quick, caps, seed=0):
     """Every measurement of one part, as plain data (JSON)."""
     if part == "gpu":
         return bench_gpu(quick)
+    if part in ("solve", "solve_large"):
+        out = {"rows": [], "seed": seed, "repeats": SOLVE_REPEATS}
+        for inst in solve_instances(part, quick):
+            load0 = os.getloadavg()[0]
+            runs, passes, one_pass = solve_row(inst, seed, SOLVE_REPEATS)
+            out["rows"].append({"instance": asdict(inst), "runs": {k: asdict(r) for k, r in runs.items()},
+                                "passes": passes, "one_pass": one_pass, "load": [load0, os.getloadavg()[0]]})
+            cells = (f"{k} {fmt_time(r)} ({ratio(r, runs['ct.solve'])}x)" for k, r in runs.items())
+            print(inst.label, f"| passes {passes:.2f} | one pass {one_pass:.3g} s |", " | ".join(cells), flush=True)
+        return out
     out = {"rows": []}
     for inst in instances(part, quick):
         load0 = os.getloadavg()[0]
         runs = run_instance(inst, caps)
         out["rows"].append({"instance": asdict(inst), "runs": {k: asdict(r) for k, r in runs.items()},
                             "load": [load0, os.getloadavg()[0]]})
-        cells = (f"{k} {fmt_time(r)} ({ratio(r, runs['fista'])}x)" for k, r in runs.items())
+        cells = (f"{k} {fmt_time(r)} ({ratio(r, runs['ct.solve'])}x)" for k, r in runs.items())
         print(inst.label, "|", " | ".join(cells), flush=True)
     if part in ("logistic", "logistic_large", "cross_entropy"):
         out["spans"] = []
@@ -381,25 +474,34 @@ def main():
                                                       "out/bench_fista_quick with --quick)")
     parser.add_argument("--out", default=str(DOCS / "benchmark_fista.md"))
     parser.add_argument("--figure", default=str(DOCS / "fista_time_to_gap.png"))
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data of the parts solve and solve_large "
+                        "(other instances of the same kinds; stored as solve_seedS.json when not 0)")
     args = parser.parse_args()
     store = Path(args.store or ROOT / "out" / ("bench_fista_quick" if args.quick else "bench_fista"))
     store.mkdir(parents=True, exist_ok=True)
     caps = dict(clarabel=30.0 if args.quick else 100.0, scs=30.0, sweep=30.0 if args.quick else 90.0)
     torch.set_num_threads(1)  # every solver single-threaded: like for like, and the machine is shared
-    for part in ([] if args.report else args.part or PARTS[:-1]):  # the part gpu only when asked for
+    if "gpu" not in (args.part or ()):
+        threadpool_limits(1)  # numpy's BLAS too (skglm, celer, the CVXPY solvers); adelie: n_threads=1
+    default = [p for p in PARTS if p not in ("gpu", "solve_large")]  # the part gpu (and N = 10^6) only when asked for
+    for part in ([] if args.report else args.part or default):
         started, load0, t = time.strftime("%Y-%m-%d %H:%M"), load(), time.perf_counter()
         if part != "gpu":  # the peers (skglm, celer, adelie) run on the CPU parts only
             peers.warm_up()
-        out = run_part(part, args.quick, caps)
-        cmd = f"python benchmarks/bench_fista.py --part {part}" + (" --quick" if args.quick else "")
+        out = run_part(part, args.quick, caps, args.seed)
+        cmd = (f"python benchmarks/bench_fista.py --part {part}" + (" --quick" if args.quick else "")
+               + (f" --seed {args.seed}" if args.seed and part.startswith("solve") else ""))
         out.update(part=part, command=cmd, started=started, load0=load0, load1=load(), caps=caps, commit=commit(),
                    minutes=(time.perf_counter() - t) / 60,
                    machine=machine(threads=out.get("cpu_threads"), packages=("skglm", "celer"))
                    + peers.adelie_version())
-        with open(store / f"{part}.json", "w") as f:
+        name = part + (f"_seed{args.seed}" if args.seed and part.startswith("solve") else "")
+        with open(store / f"{name}.json", "w") as f:
             json.dump(out, f)
         print(f"part {part}: {out['minutes']:.1f} min", flush=True)
-    parts = {p: json.load(open(store / f"{p}.json")) for p in PARTS if (store / f"{p}.json").exists()}
+    names = [p for p in PARTS if (store / f"{p}.json").exists()]
+    names += sorted(p.stem for p in store.glob("solve*_seed*.json"))
+    parts = {name: json.load(open(store / f"{name}.json")) for name in names}
     fista_report.write(parts, Path(args.out), Path(args.figure), quick=args.quick)
 
 

@@ -60,18 +60,31 @@ def gap_of(problem, Z, V=None):
     return ct.certify(problem, np.asarray(Z).reshape(problem.program.shape), V, tol=TARGET).relative_gap
 
 
-def run_fista(problem, repeats=3, **options):
-    """fista on one CPU thread, like every peer (skglm, celer, Clarabel, SCS are single-threaded)."""
+def fresh(problem):
+    """The same problem as a new object: the verifier remembers the last Z it certified per problem object, and
+    each timed solve must start from nothing (the program, its operators and beta_max are shared, as for a
+    user's problem built by make_problem)."""
+    return problem.with_beta(problem.beta)
+
+
+def run_fista(problem, repeats=3, solve=False, **options):
+    """Ours on one CPU thread, like every peer (skglm, celer, Clarabel, SCS are single-threaded): the torch
+    backend alone (``ProxGrad.solve``), or with ``solve`` what a user calls, ``ct.solve(problem, "fista")``
+    (the backend, then the verifier's certificate of its Z); each run on a :func:`fresh` problem."""
     from cvxtransformer.solvers.proxgrad import ProxGrad
 
     options.setdefault("threads", 1)
     cpu = []
-    seconds, out = timed(lambda: ProxGrad().solve(problem, tol=TARGET, **options), repeats, cpu)
-    gap = gap_of(problem, out.Z, out.V)
+    if solve:
+        seconds, out = timed(lambda: ct.solve(fresh(problem), "fista", tol=TARGET, **options), repeats, cpu)
+        gap = out.certificate.relative_gap
+    else:
+        seconds, out = timed(lambda: ProxGrad().solve(fresh(problem), tol=TARGET, **options), repeats, cpu)
+        gap = gap_of(problem, out.Z, out.V)
     methods = ",".join(sorted({h.method for h in out.history if h.method}))
     run = Run(seconds if gap <= TARGET else None, gap, note=out.status, iterations=out.iterations, methods=methods,
               cpu=cpu[0])
-    scale = seconds / max(out.history[-1].seconds, 1e-12)  # best run vs the recorded one
+    scale = seconds / max(out.history[-1].seconds, 1e-12) if out.history else 1.0  # best run vs the recorded one
     run.points = [(h.seconds * scale, h.relative_gap) for h in out.history if h.kind == "certified"]
     return run
 
@@ -112,10 +125,11 @@ def design(problem):
     return np.asfortranarray(problem.program.design())
 
 
-def run_skglm(problem, D, repeats=3, time_cap=120.0, w_init=None, solver="bcd"):
-    """skglm's GroupBCD (working sets + Anderson acceleration; squared or logistic loss) or, with
-    ``solver="prox_newton"``, its GroupProxNewton (working sets, a Newton model solved by block
-    coordinate descent, backtracking; logistic loss), with the defaults of its estimators."""
+def skglm_fit(problem, D, w_init=None, solver="bcd"):
+    """``fit(tol)``: skglm's GroupBCD (working sets + Anderson acceleration; squared or logistic loss) or, with
+    ``solver="prox_newton"``, its GroupProxNewton (working sets, a Newton model solved by block coordinate
+    descent, backtracking; logistic loss), with the defaults of its estimators; coefficients in the design's
+    layout."""
     from skglm.datafits import LogisticGroup, QuadraticGroup
     from skglm.penalties import WeightedGroupL2
     from skglm.solvers import GroupBCD, GroupProxNewton
@@ -138,11 +152,20 @@ def run_skglm(problem, D, repeats=3, time_cap=120.0, w_init=None, solver="bcd"):
         Xw0 = None if w_init is None else D @ w0
         return method.solve(D, y, datafit, penalty, w0, Xw0)[0]
 
-    return _sweep(fit, problem, (1e-5, 1e-6, 1e-7, 1e-8, 1e-10), repeats, time_cap)
+    return fit
 
 
-def run_celer(problem, D, repeats=3, time_cap=120.0):
-    """celer's GroupLasso (dual extrapolation, working sets); squared loss only."""
+SKGLM_TOLS = (1e-5, 1e-6, 1e-7, 1e-8, 1e-10)
+CELER_TOLS = (1e-6, 1e-7, 1e-8, 1e-10, 1e-12)
+
+
+def run_skglm(problem, D, repeats=3, time_cap=120.0, w_init=None, solver="bcd"):
+    """:func:`skglm_fit` swept over its tolerance (:func:`_sweep`)."""
+    return _sweep(skglm_fit(problem, D, w_init, solver), problem, SKGLM_TOLS, repeats, time_cap)
+
+
+def celer_fit(problem, D):
+    """``fit(tol)``: celer's GroupLasso (dual extrapolation, working sets); squared loss only."""
     from celer import GroupLasso
 
     N = D.shape[0]
@@ -152,7 +175,12 @@ def run_celer(problem, D, repeats=3, time_cap=120.0):
         model = GroupLasso(groups=problem.program.d, alpha=problem.beta / N, tol=tol, fit_intercept=False)
         return model.fit(D, y).coef_
 
-    return _sweep(fit, problem, (1e-6, 1e-7, 1e-8, 1e-10, 1e-12), repeats, time_cap)
+    return fit
+
+
+def run_celer(problem, D, repeats=3, time_cap=120.0):
+    """:func:`celer_fit` swept over its tolerance (:func:`_sweep`)."""
+    return _sweep(celer_fit(problem, D), problem, CELER_TOLS, repeats, time_cap)
 
 
 ADELIE_PYTHON = Path(__file__).resolve().parent / ".adelie-venv" / "bin" / "python"
@@ -216,3 +244,125 @@ def warm_up():
             run_celer(problem, design(problem), repeats=1)
         else:
             run_skglm(problem, design(problem), repeats=1, solver="prox_newton")
+
+
+# --- ct.solve against its peers, interleaved (bench_fista.py, part "solve") -------------------------------------
+
+class AdelieServer:
+    """adelie's ``grpnet`` in its own venv, with the design loaded once (``adelie_runner.py --serve``): ``fit(tol,
+    mode)`` fits at the problem's beta and returns ``(seconds, cpu seconds, coefficients in Z's shape)``, only
+    ``grpnet`` timed (in the subprocess), so that its fits can be interleaved with ours."""
+
+    def __init__(self, problem, D):
+        self.problem, self.d = problem, D.shape[1]
+        self.tmp = tempfile.TemporaryDirectory()
+        job = Path(self.tmp.name) / "job.npz"
+        np.savez(job, D=D, y=problem.T, loss=problem.loss.name, beta=problem.beta, d=problem.program.d)
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH="")
+        self.proc = subprocess.Popen([str(ADELIE_PYTHON), str(Path(__file__).resolve().parent / "adelie_runner.py"),
+                                      "--serve", str(job)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+        self._read()
+
+    def _read(self):
+        import json
+
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"adelie_runner --serve ended (exit code {self.proc.wait()})")
+        return json.loads(line)
+
+    def fit(self, tol, mode):
+        import json
+
+        out = Path(self.tmp.name) / "W.npy"
+        self.proc.stdin.write(json.dumps({"tol": tol, "mode": mode, "out": str(out)}) + "\n")
+        self.proc.stdin.flush()
+        timing = self._read()
+        W = np.load(out).reshape(self.d, -1)
+        return timing["seconds"], timing["cpu"], self.problem.program.from_cvxpy(W)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+        self.tmp.cleanup()
+
+
+def adelie_setting(server, problem, repeats=3, time_cap=60.0, modes=("single", "path")):
+    """adelie's fastest fit that our verifier certifies at ``TARGET``, swept over ``ADELIE_TOLS`` and ``modes``
+    (each setting the best of ``repeats``, one fit past 2 s; a mode's sweep stops at a fit over ``time_cap``):
+    ``(setting (tol, mode) or None, Run of the sweep)``."""
+    run, best = Run(), None
+    for mode in modes:
+        for tol in ADELIE_TOLS:
+            times = []
+            for _ in range(repeats):
+                seconds, cpu, Z = server.fit(tol, mode)
+                times.append(seconds)
+                if seconds > 2.0:
+                    break
+            gap = gap_of(problem, Z)
+            run.points.append((min(times), gap))
+            run.gap = gap if run.gap is None else min(run.gap, gap)
+            if gap <= TARGET and (best is None or min(times) < best[0]):
+                best = (min(times), (tol, mode))
+            if min(times) > time_cap:
+                break
+    if best is None:
+        run.note = f"not certified down to tol={ADELIE_TOLS[-1]:g}"
+        return None, run
+    run.note = f"{best[1][1]} tol={best[1][0]:g}"
+    return best[1], run
+
+
+def interleaved(timers, repeats=5):
+    """Each of ``timers`` (name -> callable returning ``(seconds, cpu seconds, output)``) run ``repeats`` times,
+    one after the other in turn (the same load for each): name -> ``(best seconds, cpu seconds of that run,
+    its output)``. Runs past 2 s are not repeated."""
+    best = {}
+    for _ in range(repeats):
+        for name, timer in timers.items():
+            if name in best and best[name][0] > 2.0:
+                continue
+            seconds, cpu, out = timer()
+            if name not in best or seconds < best[name][0]:
+                best[name] = (seconds, cpu, out)
+    return best
+
+
+def timed_once(f):
+    """A timer for :func:`interleaved`: one call of ``f``, its wall and CPU seconds and its output."""
+    def timer():
+        t, c = time.perf_counter(), time.process_time()
+        out = f()
+        return time.perf_counter() - t, time.process_time() - c, out
+    return timer
+
+
+def swept_tol(fit, problem, tols):
+    """The loosest of ``tols`` at which ``fit(tol)`` (program (8): coefficients in Z's layout) is certified at
+    ``TARGET``, or None."""
+    return next((tol for tol in tols if gap_of(problem, fit(tol)) <= TARGET), None)
+
+
+def passes_of(solve, X):
+    """``solve()`` once, counting the entries of X its attention operators read (gathered by ``rows``, read
+    in place by ``_runs_of``), in passes over X: ``(passes, output)``."""
+    from cvxtransformer.core.attention import AttentionOperator
+
+    read, saved = [0.0], {name: getattr(AttentionOperator, name) for name in ("rows", "_runs_of")}
+
+    def counting(method):
+        def counted(op, s, e):
+            read[0] += (e - s) * op.nK * op.d / X.size
+            return method(op, s, e)
+        return counted
+
+    try:
+        for name, method in saved.items():
+            setattr(AttentionOperator, name, counting(method))
+        out = solve()
+    finally:
+        for name, method in saved.items():
+            setattr(AttentionOperator, name, method)
+    return read[0], out

@@ -42,6 +42,12 @@ def ratio(run, ours):
     return f"> {worst / ours.seconds:.3g}" if worst else "-"
 
 
+def ours(runs):
+    """Our run that the ratios compare with: ``ct.solve`` (what a user calls: the backend and the verification
+    from Z), or the backend alone in parts stored before it was timed."""
+    return runs.get("ct.solve") or runs["fista"]
+
+
 def _rows(parts, names):
     """(instance dict, {solver: Run}) of the parts ``names``, in order."""
     out = []
@@ -53,7 +59,7 @@ def _rows(parts, names):
 
 def _speedup(runs, peer_names):
     """The best peer's time over ours (inf: no peer certified; None: we did not)."""
-    f = runs["fista"].seconds
+    f = ours(runs).seconds
     times = [runs[p].seconds for p in peer_names if p in runs and runs[p].seconds is not None]
     if f is None:
         return None
@@ -65,7 +71,7 @@ def targets(parts):
     squared = _rows(parts, ["squared", "squared_large"])
     for inst, runs in squared:
         if inst["program"] == 8 and inst["N"] == 20_000 and "clarabel" in runs:
-            r, f = runs["clarabel"], runs["fista"]
+            r, f = runs["clarabel"], ours(runs)
             ok = r.seconds is None or (f.seconds and r.seconds / f.seconds >= 30)
             L.append(f"| >= 30x faster than CVXPY+Clarabel, {label(inst)} | {ratio(r, f)}x | "
                      f"{'yes' if ok else 'NO: Clarabel now solves the compressed program, whose size does not grow with N'} |")
@@ -87,6 +93,7 @@ def targets(parts):
                  f"at 2x or more | {'yes' if not below2 else 'NO: below 2x on ' + '; '.join(label(i) for i in below2)} |")
     L += adelie_targets(_rows(parts, ["squared", "squared_large", "logistic", "logistic_large", "adelie",
                                       "adelie_large"]))
+    L += solve_targets(parts)
     spans = _beta_spans(parts, ["logistic", "logistic_large", "cross_entropy"])
     if spans:
         worst = max(spans, key=lambda s: s[1])
@@ -168,11 +175,13 @@ def _beta_spans(parts, names):
 
 
 def instance_table(rows, names):
-    head = "| instance | fista (s) | fista gap | iterations (how) |" + "".join(f" {PEER_NAMES[n]} (s) | x |" for n in names)
-    L = [head, "|---|---:|---:|---|" + "---:|---:|" * len(names)]
+    head = ("| instance | `ct.solve` (s) | backend alone (s) | gap | iterations (how) |"
+            + "".join(f" {PEER_NAMES[n]} (s) | x |" for n in names))
+    L = [head, "|---|---:|---:|---:|---|" + "---:|---:|" * len(names)]
     for inst, runs in rows:
-        f = runs["fista"]
-        cells = [label(inst), fmt_time(f), f"{f.gap:.1e}", f"{f.iterations} ({f.methods})"]
+        f, b = ours(runs), runs["fista"]
+        cells = [label(inst), fmt_time(f), fmt_time(b) if "ct.solve" in runs else "-", f"{f.gap:.1e}",
+                 f"{b.iterations} ({b.methods})"]
         for name in names:
             r = runs.get(name)
             cells += ["", ""] if r is None else [fmt_time(r), ratio(r, f)]
@@ -208,16 +217,25 @@ HOW = [
     "with gap-safe screening.", "",
     "1. Certify the current Z in float64 on the whole problem (P, the scaled residual dual point, the best dual "
     "point so far: exactly what the verifier recomputes) and stop when the relative gap <= tol. Budgets "
-    "(`max_iter`, `time_limit`) end the solve with a status that says so and `certified: false`.",
+    "(`max_iter`, `time_limit`) end the solve with a status that says so and `certified: false`. The first check, "
+    "at Z = 0, reads the scores `beta_max()` computed (no pass); on the CPU in float64 a check is the verifier's own "
+    "`residual_of` of Z (a forward pass over the tokens where Z is nonzero, one adjoint), which the verifier "
+    "remembers by Z's values: `ct.solve`'s certificate of the Z returned reads no more data.",
     "2. Gap-safe screening discards groups proved zero (exact operator norms along a path, a Frobenius bound "
     "otherwise).",
-    "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing; the first one takes the "
-    "blocks whose KKT scores stand out, above their largest relative drop, at most `p0`: a pivot rule like "
-    "adelie's). Squared loss: FISTA on "
+    "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing; the first one takes, for "
+    "each output, the tokens whose KKT scores stand out, above their largest relative drop, at most `p0`: a pivot "
+    "rule like adelie's; all of them where their Gram matrix costs under 3e7 multiply-adds or the pivot takes "
+    "three quarters). The data are read in place: no copy of X's columns per working set or per iteration "
+    "(matrix-vector products read the tokens as views of X's rows; products with several columns and the Gram "
+    "matrices gather a cache-sized chunk of samples at a time). Squared loss: FISTA on "
     "the Gram matrix of the working set when a cost model says it pays (built in chunks of samples; "
     "when the set gains tokens, only the new columns; "
-    "block-triangular; on gated programs block (j, j') of gates sums only the samples where both gates are on), "
-    "with a Newton polish on a stable support. Logistic and cross-entropy: **proximal Newton** "
+    "block-triangular; on gated programs one Gram matrix per pattern of open gates, then every block (j, j') at "
+    "once, or block (j, j') over the samples where both gates are on, whichever costs less); otherwise on the "
+    "data, until its iterations have cost as much as the Gram matrix (ski rental), then on the Gram matrix; a "
+    "set solved to tol at once where a check costs more than its iterations; a Newton polish on a stable "
+    "support (small supports from a gap of 0.05). Logistic and cross-entropy: **proximal Newton** "
     "(`solvers/proxgrad/prox_newton.py`): at each step the Hessian `A^T W A` of the loss on the active blocks "
     "(nonzero, and the worst violators) is summed from the data in float32 (coupled across the c outputs for "
     "cross-entropy; pairs of gates as for the Gram matrix; the lightest samples, together at most 1e-4 of its "
@@ -233,7 +251,8 @@ HOW = [
     "cost, where it is not clear that Newton pays (large c F), and keeps first order where the model cannot be "
     "formed (one-hot tokens, the nuclear norm). First order is FISTA with backtracking, gradient-based adaptive "
     "restart and, for these losses, a Lipschitz estimate that may shrink after a step the curvature decided.",
-    "4. Small products run on one thread (splitting them only costs), large ones on torch's threads.", ""]
+    "4. Threads (`cvxtransformer.core.threads`): `threads=k` caps torch's and BLAS's threads (threadpoolctl) for "
+    "the whole call, the verification included; products under 2e6 multiply-adds run on one thread.", ""]
 
 
 def write(parts, out, figure, quick=False):
@@ -243,13 +262,17 @@ def write(parts, out, figure, quick=False):
          "Time to a relative duality gap <= 1e-6 **certified by our verifier** (`ct.certify`: the gap of the "
          "returned Z against the best of the scaled residual dual point, a dual point the solver returns, and the "
          "verifier's refined dual point, whose time is not counted), for every solver, on the same instances. "
-         "Ratios are peer time / fista time (> 1: fista is faster); `n.c.` means the peer never reached a "
+         "Ours is timed as a user calls it, `ct.solve(problem, \"fista\")` (the backend and the verification from "
+         "Z), with the backend alone beside it. Ratios are peer time / `ct.solve` time (> 1: ours is faster); "
+         "`n.c.` means the peer never reached a "
          "certified 1e-6 (its best certified gap and longest run are shown; the ratio is then a lower bound).", "",
          f"- Machine: {first.get('machine', 'not run')}.",
          "- Regenerate (from the repository root, `PYTHONPATH=.`, nothing else heavy running): `bash "
          "benchmarks/setup_adelie.sh` once (adelie's venv), then `python benchmarks/bench_fista.py --part P` for P in "
-         "squared, squared_large, extras, logistic, logistic_large, cross_entropy, adelie, adelie_large (and gpu on a "
-         "machine with a CUDA GPU); each part stores `out/bench_fista/P.json` and rewrites this page from every part "
+         "solve, squared, squared_large, extras, logistic, logistic_large, cross_entropy, adelie, adelie_large "
+         "(`python benchmarks/bench_fista.py` runs them all, one after the other), and solve_large (N = 10^6) and gpu "
+         "(on a machine with a CUDA GPU) when asked for; `--seed S` measures other instances of the same kinds in the "
+         "parts solve and solve_large; each part stores `out/bench_fista/P.json` and rewrites this page from every part "
          "stored.",
          "- Runs: one part per command on a machine shared with other sessions (the 1-minute load average, "
          "measured at the start and the end of each part, says how busy it was; timings can be noisy); runs under "
@@ -264,11 +287,13 @@ def write(parts, out, figure, quick=False):
     if missing:
         L.append(f"| {', '.join(missing)} | not run | | | | |")
     caps = first.get("caps", {})
-    L += ["", "- Timed: fista = `cvxtransformer.solvers.proxgrad.ProxGrad.solve` end to end (numpy -> torch, Gram and "
-          "Hessian matrices, every certificate check), float64, CPU, **one thread** (torch.set_num_threads(1); numpy's BLAS too, "
-          "OPENBLAS/OMP/MKL_NUM_THREADS=1, for every solver: skglm, celer, adelie, Clarabel and SCS run on one "
+    L += ["", "- Timed: `ct.solve` = `cvxtransformer.solve(problem, \"fista\", threads=1)` end to end (the backend, "
+          "then the verifier's certificate of its Z), each run on a fresh problem object (the verifier remembers the "
+          "last Z per problem); backend alone = `cvxtransformer.solvers.proxgrad.ProxGrad.solve` (numpy -> torch, "
+          "Gram and Hessian matrices, every certificate check); float64, CPU, **one thread** (torch's and numpy's "
+          "BLAS, by threadpoolctl, for every solver: skglm, celer, adelie, Clarabel and SCS run on one "
           "thread, and a second thread only stalls on a shared machine: with two BLAS threads under load skglm and "
-          "celer took 0.44 s on a 0.004 s row); "
+          "celer took 0.44 s on a 0.004 s row); every solver the best of 3 runs under 2 s; "
           "skglm = `GroupBCD.solve` (squared and logistic) and `GroupProxNewton.solve` (logistic) on the "
           "Fortran-ordered design (alpha = beta/N, as its loss is averaged), each swept over tol = 1e-5 ... 1e-10 "
           "and credited with the loosest tol that certifies (favours skglm); celer = `GroupLasso.fit` (squared "
@@ -288,6 +313,8 @@ def write(parts, out, figure, quick=False):
            "data streamed in chunks when it does not fit) and their tests skip without one."), ""]
     if quick:
         L += ["**Quick run (`--quick`): small instances, a check of the pipeline; not the benchmark.**", ""]
+    if any(name.startswith("solve") for name in parts):
+        L += solve_section(parts)
     L += HOW + targets(parts)
     squared = _rows(parts, ["squared", "squared_large"])
     if squared:
@@ -364,6 +391,86 @@ def plot(rows, path):
     save_figure(fig, path)
 
 
+# --- the headline: ct.solve against its peers -----------------------------------------------------
+
+# Why a row missed, by the kind of instance (label up to beta), as measured: written after the run read them.
+MISSES = {}
+
+
+def _solve_rows(parts):
+    """(part name, row) of every stored part solve, solve_large and their other seeds."""
+    return [(name, row) for name, p in parts.items() if name.startswith("solve") for row in p["rows"]]
+
+
+def solve_targets(parts):
+    """The target rows of the part solve: ct.solve at least as fast as the peer on every row (aim 2x), misses
+    named with their reason (:data:`MISSES`)."""
+    vals = []
+    for name, row in _solve_rows(parts):
+        runs = {k: peers.Run(**r) for k, r in row["runs"].items()}
+        f = runs["ct.solve"]
+        for peer in (k for k in runs if k not in ("ct.solve", "backend")):
+            p = runs[peer]
+            x = None if f.seconds is None else (np.inf if p.seconds is None else p.seconds / f.seconds)
+            vals.append((f"{label(row['instance'])}{_seed(parts[name])} vs {PEER_NAMES[peer]}", row["instance"], x))
+    if not vals:
+        return []
+    below1 = [(t, i, x) for t, i, x in vals if x is None or x < 1]
+    below2 = [(t, i, x) for t, i, x in vals if x is None or x < 2]
+    why = "; ".join(f"{t}: {_x(x)} ({MISSES.get(label(i).split(', beta')[0], 'see the section')})"
+                    for t, i, x in below1)
+    return [f"| `ct.solve` at least as fast as the peer on every row of the headline ({len(vals)}; peer time / "
+            f"`ct.solve`) | {len(vals) - len(below1)} of {len(vals)} | {'yes' if not below1 else 'MISSED on ' + why} |",
+            f"| aim: 2x the peer on every row of the headline | {len(vals) - len(below2)} of {len(vals)} at 2x or "
+            f"more | {'yes' if not below2 else 'MISSED on ' + '; '.join(t for t, _, _ in below2)} |"]
+
+
+def _seed(part):
+    return f" (seed {part['seed']})" if part.get("seed") else ""
+
+
+def solve_section(parts):
+    """The headline section: the rows of the parts solve and solve_large (and their other seeds)."""
+    stored = {name: p for name, p in parts.items() if name.startswith("solve")}
+    runs_of = "; ".join(f"`{p['command']}` at commit {p.get('commit', '?')}, {p['started']} UTC, {p['minutes']:.1f} "
+                        f"min, 1-minute load average {p['load0']} at start, {p['load1']} at end"
+                        for p in stored.values())
+    repeats = next(iter(stored.values())).get("repeats", 5)
+    L = ["## Headline: `ct.solve` end to end against adelie, skglm and celer", "",
+         f"{runs_of}; on {next(iter(stored.values()))['machine']}.", "",
+         "Ours is what a user calls, `ct.solve(problem, \"fista\", threads=1)`: the torch backend, then the "
+         "verifier's certificate of the Z it returns, recomputed from Z (`refine=\"auto\"`: the refinement runs "
+         "only where those passes do not certify 1e-6; it never ran here when the gap column is <= 1e-6). The "
+         "backend alone (`ProxGrad.solve`) is beside it. Each timed run starts from a fresh problem object (the "
+         "verifier remembers the last Z per problem; the program and beta_max, computed when the problem was "
+         "built, are shared as for a user's problem). Peers: adelie (`grpnet`, its own venv, `n_threads=1`), swept "
+         "over `tol` 1e-7 ... 1e-12 in modes `single` and `path` and credited with its fastest fit that our verifier "
+         "certifies at 1e-6 (refined dual point included, not timed); skglm (GroupBCD) and celer (GroupLasso) at "
+         "small N, each at its loosest certified `tol`. Then every solver of a row, at its setting, is run "
+         f"{repeats} times in turn (ours, the backend, the peer, ours, ...: the same load for each) and credited "
+         "with its best run: no solver gets an extra run. One thread each, BLAS included (threadpoolctl in this "
+         "process; adelie's `n_threads=1` and OMP/OPENBLAS_NUM_THREADS=1 in its own). `passes`: the entries of X "
+         "that one `ct.solve` reads (counted through the operator), in passes over X; `one pass`: the time of one "
+         "adjoint `A^T V` over every entry of X, the floor of any certified solve (a certificate reads every "
+         "entry at least once). `x` = peer time / `ct.solve` (> 1: ours faster); `x (CPU)`: the same with the "
+         "CPU times of those runs (`time.process_time()`, less sensitive to a loaded machine).", "",
+         "| instance | `ct.solve` (s) | backend alone (s) | gap | passes | one pass (s) | peer | peer (s) | "
+         "peer setting | x | x (CPU) | load at start / end |",
+         "|---|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---|"]
+    for name, row in _solve_rows(parts):
+        runs = {k: peers.Run(**r) for k, r in row["runs"].items()}
+        f, b = runs["ct.solve"], runs["backend"]
+        for peer in (k for k in runs if k not in ("ct.solve", "backend")):
+            p = runs[peer]
+            x_cpu = f"{p.cpu / f.cpu:.3g}" if p.cpu and f.cpu and p.seconds and f.seconds else "-"
+            L.append(f"| {label(row['instance'])}{_seed(parts[name])} | {fmt_time(f)} | {b.seconds:.3g} | "
+                     f"{f.gap:.1e} | {row['passes']:.2f} | {row['one_pass']:.3g} | {PEER_NAMES[peer]} | "
+                     f"{fmt_time(p)} | "
+                     f"{p.note} | {ratio(p, f)} | {x_cpu} | {row['load'][0]:.2f} / {row['load'][1]:.2f} |")
+    L += ["", "| target | measured | met |", "|---|---|---|"] + solve_targets(parts)
+    return L + [""]
+
+
 # --- adelie -----------------------------------------------------------------------------------
 
 ADELIE_WHY = [
@@ -421,15 +528,15 @@ def adelie_section(parts):
          "with the squared loss (c = 3 outputs): its groups are one output's coefficients of one token, so it is "
          "c group lassos on one design; adelie fits them one after the other, timed together (its multi-response "
          "groups would hold every output's coefficients of a token, another penalty). Ours: "
-         "`ProxGrad.solve` end to end, one thread, best of 3, timed before and after adelie (the faster kept). "
+         "`ct.solve(problem, \"fista\", threads=1)`, the backend and the verification from Z, best of 3 like adelie. "
          "`x` = peer time / ours (> 1: ours faster), in wall time (the credit rule) and in CPU time of the same runs "
          "(`time.process_time()`, each solver single-threaded: on a loaded machine the wall time is mostly waiting "
          "for a core, and CPU time compares the work). Target: at least as fast as adelie on every row (aim 2x); "
          "the other tables' adelie columns count too (target rows at the top).", "",
-         "| instance | fista (s) | iterations (how) | adelie (s) | adelie setting | x | fista CPU (s) | adelie CPU (s) "
-         "| x (CPU) | load at start / end |", "|---|---:|---|---:|---|---:|---:|---:|---:|---|"]
+         "| instance | `ct.solve` (s) | iterations (how) | adelie (s) | adelie setting | x | `ct.solve` CPU (s) | "
+         "adelie CPU (s) | x (CPU) | load at start / end |", "|---|---:|---|---:|---|---:|---:|---:|---:|---|"]
     for inst, runs, load in rows:
-        f, a = runs["fista"], runs["adelie"]
+        f, a = ours(runs), runs["adelie"]
         cpu = [f"{r.cpu:.3g}" if r.cpu and r.seconds is not None else "-" for r in (f, a)]
         x_cpu = f"{a.cpu / f.cpu:.3g}" if "-" not in cpu else "-"
         L.append(f"| {label(inst)} | {fmt_time(f)} | {f.iterations} ({f.methods}) | {fmt_time(a)} | {a.note} | "

@@ -12,6 +12,7 @@ from .core.certificate import gap_safe_screen, screen_solution
 from .core.errors import invalid
 from .core.problem import check_problem
 from .core.result import SolveResult
+from .core.threads import limited
 from .core.validation import check_bool, check_choice, check_positive, check_tol
 from .verify import certify
 
@@ -79,7 +80,7 @@ def heartbeat(what, after=5.0, every=30.0, stream=None):
 
 
 def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen=True, refine="auto",
-          refine_time=10.0, heartbeat_after=None, atol=None, **options):
+          refine_time=10.0, heartbeat_after=None, atol=None, threads=None, **options):
     """Solve a :class:`ConvexProblem` and certify the solution.
 
     Parameters
@@ -103,6 +104,8 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     refine_time : seconds allowed to the refinement
     heartbeat_after : None (silent), or seconds after which a line on stderr says what the backend is
         solving, its size and for how long (then every 30 s); the command line sets 5
+    threads : the most CPU threads the call uses, the backend's and the verification's products, torch's
+        and BLAS's (None: torch's setting; small products run on one thread; :mod:`cvxtransformer.core.threads`)
     options : passed to the backend (``max_iter``, ``time_limit``, solver settings; see each solver);
         the CVXPY backends take ``formulation``: "auto" (default: the squared loss compressed to the
         size of Z whatever N, a program's factored map where it offers one and it is smaller), or "compressed",
@@ -129,6 +132,7 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     tol, atol = check_tol(tol), check_positive("atol", atol, none_ok=True)
     verbose, screen = check_bool("verbose", verbose), check_bool("screen", screen)
     heartbeat_after = check_positive("heartbeat_after", heartbeat_after, none_ok=True)
+    threads = check_positive("threads", threads, integer=True, none_ok=True)
     choice = None
     if solver == "auto":
         solver, choice = choose_solver(problem, form, options, tol)
@@ -145,8 +149,10 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     else:
         what = (f"{solver} on the {form} of {program.label}, N = {program.N} samples, Z of shape {program.shape} "
                 f"({int(np.prod(program.shape))} coefficients)")
-        with heartbeat(what, heartbeat_after):
-            extra = {} if atol is None or backend.name != "fista" else {"atol": atol}  # the torch backend's stop
+        extra = {}
+        if backend.name == "fista":  # its stop at atol, its threads; no V that the verifier computes from Z itself
+            extra = dict(threads=threads, residual_dual=False, **({} if atol is None else {"atol": atol}))
+        with heartbeat(what, heartbeat_after), limited(threads):
             out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **extra, **options)
         Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
         if Z is None:  # the backend's time limit came before any solution: Z = 0 is certified, nothing refined
@@ -154,7 +160,8 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
         times, screened, formulation = (out.build_seconds, out.solve_seconds), out.screened, out.formulation
         if screen and screened is None:
             Z, screened = screen_solution(problem, Z, V)
-    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol, deadline=deadline)
+    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol, deadline=deadline,
+                   threads=threads)
     if screened is None:  # at the certificate's dual point, whose scores A^T V it computed
         screened = gap_safe_screen(problem, cert.V, cert.duality_gap, cert.G)
     V_out = cert.V[:, 0] if program.scalar_output else cert.V

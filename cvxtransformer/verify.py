@@ -24,9 +24,11 @@ import numpy as np
 
 from cvxtransformer.solvers.proxgrad import ProxGrad
 
-from .core.certificate import assemble, best_dual, checked_dual, relative_gap, residual_of, rounding_floor, verdict
+from .core.certificate import (assemble, beaten, best_dual, checked_dual, relative_gap, residual_of, rounding_floor,
+                               verdict)
 from .core.errors import InvalidInputError, SolverError, invalid
 from .core.problem import check_problem
+from .core.threads import limited
 from .core.validation import check_positive, check_tol
 
 REFINE_FLOOR = 1e-13  # relative gap of the refined point below which refinement stops
@@ -57,7 +59,7 @@ def refine_dual(problem, Z, time_limit=10.0, floor=REFINE_FLOOR, primal=None):
     return out.V, time.perf_counter() - start, out.status
 
 
-def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=None, deadline=None):
+def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=None, deadline=None, threads=None):
     """Certify coefficients ``Z`` of ``problem``, from any solver.
 
     Parameters
@@ -82,6 +84,13 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
         ``time_limit + refine_time``): the refinement is shortened to end by it, with the passes over
         the data that the certificate still needs (timed on the first one), or skipped (its status says
         so). The certificate itself is always computed, from Z
+    threads : the most CPU threads the verification uses (torch and BLAS; None: torch's setting; small
+        products run on one thread): :mod:`cvxtransformer.core.threads`
+
+    Passes over the data: two, the forward pass for P(Z) and the residual dual point and one adjoint for
+    its feasibility, and one more adjoint for a candidate ``V`` only when it may beat the residual (a loss's
+    ``scaled_dual_bound`` says when it cannot); the refinement, when it runs, comes on top. The recovered
+    heads' objectives are computed when read (:class:`~cvxtransformer.core.certificate.RecoveredObjectives`).
 
     Returns
     -------
@@ -109,10 +118,18 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
     if refine not in (True, False, "auto"):
         raise InvalidInputError(f"refine: expected True, False or 'auto', got {refine!r}")
     refine_time = check_positive("refine_time", refine_time)
+    threads = check_positive("threads", threads, integer=True, none_ok=True)
+    with limited(threads, problem.program.N * Z.size):
+        return _certify(problem, Z, candidates, tol, refine, refine_time, atol, deadline, threads)
+
+
+def _certify(problem, Z, candidates, tol, refine, refine_time, atol, deadline, threads):
     refinement = None
     start = time.perf_counter()
-    residual = residual_of(problem, Z)  # one pass (forward and adjoint), shared with the certificate
+    residual = residual_of(problem, Z)  # two passes (forward and adjoint), shared with the certificate
     one_pass = time.perf_counter() - start
+    if "given" in candidates and beaten(problem, candidates["given"], residual[3]):
+        del candidates["given"]  # no scaling of it beats the residual: its adjoint is not computed
     checked = {source: checked_dual(problem, V) for source, V in candidates.items()}
     if refine:
         primal, _, dual = best_dual(problem, Z, candidates.get("given"), residual, checked.get("given"))
@@ -131,7 +148,7 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
             if V_ref is not None:
                 candidates["refined"] = V_ref
             refinement = (seconds, status)
-    return assemble(problem, Z, candidates, tol, refinement, atol, residual, checked)
+    return assemble(problem, Z, candidates, tol, refinement, atol, residual, checked, threads)
 
 
 @dataclass

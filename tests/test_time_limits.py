@@ -168,8 +168,8 @@ def test_a_non_finite_objective_inside_a_solve_is_a_solver_error(monkeypatch):
     problem = ct.make_problem(X, X[:, 0, 0], program=8, beta=1.0)
     real = certifier.Certifier.check
 
-    def overflowed(self, x, Yhat=None):
-        out = real(self, x, Yhat)
+    def overflowed(self, x, *args):
+        out = real(self, x, *args)
         out.primal = math.inf
         return out
 

@@ -313,7 +313,7 @@ def test_networks_9w_and_11w_load_the_recovered_heads_exactly():
     result = ct.solve(problem, "clarabel", tol=1e-9)
     heads = ct.recover_weights(problem, result.Z, "lemma1")
     net = GatedWeightDecayAttention.from_weights(heads, problem.program.U1, problem.program.U2)
-    value = float(net.objective(net.encode_inputs(problem.program.X), problem.T, "squared", problem.beta))
+    value = float(net.objective(net.encode_inputs(problem.program.X), problem.T, "squared", problem.beta).detach())
     assert value == pytest.approx(result.certificate.primal_objective, rel=1e-11)
     flat = problem_of("10wd", "cross_entropy", frac=0.1)
     solved = ct.solve(flat, "clarabel", tol=1e-9)

@@ -73,6 +73,36 @@ def gated_outputs(A, mask, h, c):
     return torch.einsum("ijl,ij->il", A.view(-1, h, c), mask)
 
 
+GATHER_BYTES = 2**19  # rows of tokens K gathered at a time (rows()): they stay in a core's cache for the products
+PATTERN_BYTES = 2**28  # largest stack of Gram matrices, one per pattern of open gates (_patterns)
+
+
+def token_runs(K):
+    """``[(k0, k1, p)]``: the runs of consecutive tokens ``k0 .. k1 - 1`` of the index tensor K, each from position
+    p of K (the tokens of a run are one contiguous slice of each row of X)."""
+    K = [int(k) for k in K]
+    runs, p = [], 0
+    while p < len(K):
+        q = p + 1
+        while q < len(K) and K[q] == K[q - 1] + 1:
+            q += 1
+        runs.append((K[p], K[q - 1] + 1, p))
+        p = q
+    return runs
+
+
+def padded(w):
+    """``w`` (rows, m) with zero columns up to a multiple of 4 (on the CPU, where 1 < m): MKL's products of
+    X^T with 2, 3, 5, 6 or 7 columns are 1.5 to 2.5 times slower than with 4 or 8 (one thread, N = 200,000,
+    128 features: 3 columns 101 ms, 4 columns 43 ms); callers drop the extra rows of the result."""
+    m = w.shape[1]
+    if m == 1 or m % 4 == 0 or w.device.type != "cpu":
+        return w
+    out = w.new_zeros(w.shape[0], m + (-m) % 4)
+    out[:, :m] = w
+    return out
+
+
 class AttentionOperator(_SampleOperator):
     """The map ``Z -> yhat`` of program (8)/(10)/(12) restricted to gates J and tokens K, in torch.
     Coefficients are tensors of shape ``(|J|, c, |K|, d)`` (:attr:`shape`).
@@ -82,8 +112,10 @@ class AttentionOperator(_SampleOperator):
     X : tensor of shape (N, n, d), every token, in the op's dtype; on ``device`` or, when it does
         not fit there, on the CPU (chunks of samples are then streamed); or a
         :class:`~cvxtransformer.core.data.StreamedRows` (a memory map read chunk by chunk)
-    K : tensor of token indices, or None for every token (no copy is ever made); the tokens K of
-        a chunk of samples are gathered when the chunk is used
+    K : tensor of token indices, or None for every token. No copy of X is ever made: with one output
+        column ``forward`` and ``adjoint`` read the tokens K in place (runs of consecutive tokens are views
+        of X's rows, which BLAS reads with X's row stride); otherwise, and for the Gram matrices, :meth:`rows`
+        gathers them for a chunk of samples that stays in cache, as BLAS packs its operands anyway
     mask : tensor of shape ``(N, |J|)`` on ``device``, the gate columns J; None for (8)/(10)
     c : outputs
     chunk : samples per chunk (None: chosen so a chunk's temporaries stay a few MB)
@@ -101,12 +133,26 @@ class AttentionOperator(_SampleOperator):
         self.hJ = 1 if mask is None else mask.shape[1]
         self.dtype = X.dtype
         self.chunk_arg = chunk
-        if chunk is None:
-            copied = K is not None or X.device != device or isinstance(X, StreamedRows)
-            row = X.element_size() * (self.F * copied + 2 * self.hJ * c + 1)
-            chunk = max(256, int(CHUNK_BYTES // row))
+        # tokens K of data on the device are read in place by forward and adjoint, as runs of consecutive tokens
+        # (views of X's rows: no copy), where the products have one column (matrix-vector products stream the
+        # rows at any stride); with several columns MKL's products of strided rows are slower than gathering a
+        # chunk that stays in cache (rows()), as BLAS packs its operands anyway ((12), N=20,000, 8 gates, 3 of
+        # 8 tokens, one thread: 8.2 ms in place, 3.5 ms gathered)
+        self.runs = None if K is None or self.streams or self.hJ * c > 1 else token_runs(K)
+        size = X.element_size()
+        if chunk is None and self.runs is not None:  # rows() gathers the tokens K in chunks that stay in cache
+            chunk = max(256, int(GATHER_BYTES // (size * self.F)))
+        elif chunk is None:  # streamed data is read whole rows at a time (every token), then the tokens K gathered
+            copied = K is not None or self.streams
+            whole = n * self.d if self.streams else 0
+            chunk = max(256, int(CHUNK_BYTES // (size * (whole + self.F * copied + 2 * self.hJ * c + 1))))
         self.chunk = max(1, min(int(chunk), self.N))
         self.bounds = [(s, min(s + self.chunk, self.N)) for s in range(0, self.N, self.chunk)]
+        # products that read the tokens K in place: over every sample at once ungated; gated, in chunks whose
+        # (rows, |J| c) temporaries take CHUNK_BYTES
+        step = self.N if self.mask is None else max(256, int(CHUNK_BYTES // (size * (2 * self.hJ * c + 1))))
+        step = max(1, step if self.chunk_arg is None else self.chunk)
+        self.product_bounds = [(s, min(s + step, self.N)) for s in range(0, self.N, step)]
         self._buffers = {}
         self._binary = None  # whether every gate is 0 or 1 (as gate_mask makes them), once asked
 
@@ -114,6 +160,11 @@ class AttentionOperator(_SampleOperator):
     def streams(self):
         """Whether every product reads the data from outside the device (a memory map, or host memory)."""
         return isinstance(self.X, StreamedRows) or self.X.device != self.device
+
+    def _runs_of(self, s, e):
+        """The tokens K of rows s:e as views of X, one ``(rows, run d)`` matrix per run of consecutive tokens,
+        with the position of its first token in K (nothing is copied: BLAS reads them with X's row stride)."""
+        return [(p, self.X[s:e, k0:k1].reshape(e - s, (k1 - k0) * self.d)) for k0, k1, p in self.runs]
 
     def _buffer(self, name, shape, device):
         """A reused scratch tensor: fresh large allocations cost page faults at every chunk."""
@@ -141,14 +192,6 @@ class AttentionOperator(_SampleOperator):
         return AttentionOperator(X, Kt, M, self.c, self.device, self.chunk_arg if chunk is None else chunk,
                                  self.shards)
 
-    def materialize(self):
-        """The same op with its tokens K copied once into a contiguous tensor (many products ahead);
-        streamed data is never copied whole."""
-        if self.K is None or isinstance(self.X, StreamedRows):
-            return self
-        return AttentionOperator(self.X.index_select(1, self.K), None, self.mask, self.c, self.device, None,
-                                 self.shards)
-
     def rows(self, s, e):
         """Rows s:e of the data, ``(rows, |K| d)``, on the device."""
         Xc = self.X if (s, e) == (0, self.N) and isinstance(self.X, torch.Tensor) else self.X[s:e]
@@ -158,8 +201,18 @@ class AttentionOperator(_SampleOperator):
         return Xc.reshape(e - s, self.F).to(self.device, non_blocking=True)
 
     def forward(self, Z):
-        """``yhat`` of shape (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``."""
+        """``yhat`` of shape (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``. Only the gates and tokens where Z
+        is nonzero are read (data on the device: in place)."""
+        if not self.streams:
+            nz = torch.linalg.vector_norm(Z, dim=-1) > 0  # (|J|, c, |K|)
+            J, K = torch.nonzero(nz.any(dim=(1, 2))).flatten(), torch.nonzero(nz.any(dim=(0, 1))).flatten()
+            if len(J) == 0:
+                return torch.zeros(self.N, self.c, dtype=self.dtype, device=self.device)
+            if len(J) < self.hJ or len(K) < self.nK:
+                return self.restrict(J, K).forward(Z.index_select(0, J).index_select(2, K))
         W = Z.reshape(self.hJ * self.c, self.F).T
+        if self.runs is not None:
+            return self._forward_in_place(W)
         if len(self.bounds) == 1:
             return gated_outputs(self.rows(0, self.N) @ W, self.mask, self.hJ, self.c)
         out = torch.empty(self.N, self.c, dtype=self.dtype, device=self.device)
@@ -168,23 +221,46 @@ class AttentionOperator(_SampleOperator):
             out[s:e] = gated_outputs(self.rows(s, e) @ W, mask, self.hJ, self.c)
         return out
 
+    def _forward_in_place(self, W):
+        out = torch.empty(self.N, self.c, dtype=self.dtype, device=self.device)
+        for s, e in self.product_bounds:
+            A = torch.zeros(e - s, self.hJ * self.c, dtype=self.dtype, device=self.device)
+            for p, Xr in self._runs_of(s, e):
+                A.addmm_(Xr, W[p * self.d:p * self.d + Xr.shape[1]])
+            out[s:e] = gated_outputs(A, None if self.mask is None else self.mask[s:e], self.hJ, self.c)
+        return out
+
     def _weights(self, V, s, e):
-        """``(rows, |J| c)``: ``M_ij V_il`` for the samples of a chunk."""
+        """``(rows, |J| c)``: ``M_ij V_il`` for the samples of a chunk (zero columns added up to a multiple of
+        4 on the CPU: :func:`padded`)."""
         if self.mask is None:
-            return V[s:e]
-        return (self.mask[s:e, :, None] * V[s:e, None, :]).reshape(e - s, self.hJ * self.c)
+            return padded(V[s:e])
+        return padded((self.mask[s:e, :, None] * V[s:e, None, :]).reshape(e - s, self.hJ * self.c))
 
     def adjoint(self, V):
         """``A^T V`` of shape ``(|J|, c, |K|, d)`` from ``V`` of shape (N, c)."""
-        G = None
-        for s, e in self.bounds:
-            part = self._weights(V, s, e).T @ self.rows(s, e)
-            G = part if G is None else G.add_(part)
-        if G is None:
-            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        m = self.hJ * self.c
+        if self.runs is not None:  # in place, one product per run of tokens
+            parts = None
+            for s, e in self.product_bounds:
+                w = self._weights(V, s, e).T
+                runs = self._runs_of(s, e)
+                if parts is None:
+                    parts = [w @ Xr for _, Xr in runs]
+                else:
+                    for part, (_, Xr) in zip(parts, runs):
+                        part.addmm_(w, Xr)
+            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device) if parts is None else \
+                torch.cat([part[:m] for part in parts], dim=1)
+        else:
+            G = None
+            for s, e in self.bounds:
+                part = self._weights(V, s, e).T @ self.rows(s, e)
+                G = part if G is None else G.add_(part)
+            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device) if G is None else G[:m]
         if self.shards is not None:
             self.shards.sum_(G)
-        return G.view(self.shape)
+        return G.reshape(self.shape)
 
     def forward_adjoint(self, Z, dual):
         """``yhat = A Z`` (N, c), ``V = dual(yhat[s:e], s, e)`` and ``A^T V`` in one pass over the data
@@ -198,11 +274,10 @@ class AttentionOperator(_SampleOperator):
             V[s:e] = dual(out[s:e], s, e)
             part = self._weights(V, s, e).T @ Xc
             G = part if G is None else G.add_(part)
-        if G is None:
-            G = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        G = torch.zeros(self.shape, dtype=self.dtype, device=self.device) if G is None else G[:self.hJ * self.c]
         if self.shards is not None:
             self.shards.sum_(G)
-        return out, V, G.view(self.shape)
+        return out, V, G.reshape(self.shape)
 
     def _design_chunks(self):
         """The gated design ``D`` (rows, |J|*|K|*d) chunk by chunk, as ``(start, stop, D)``: columns
@@ -313,10 +388,14 @@ class AttentionOperator(_SampleOperator):
         ``Y = sqrt(w) X`` taken once per chunk: no weighted copy of the samples for each pair (the
         logistic program (12), N = 10,000, 16 gates, 0.1 beta_max: 0.36 s -> 0.31 s a solve)."""
         F, hJ, m = self.F, self.hJ, 1 if weights is None else weights.shape[1]
-        H = torch.zeros(m, hJ, F, hJ, F, dtype=self.dtype, device=self.device)
         if self._binary is None:
             self._binary = bool(((self.mask == 0) | (self.mask == 1)).all())
         root = self._binary and (weights is None or (m == 1 and bool((weights >= 0).all())))
+        if root and hJ <= 62:
+            patterns = self._patterns()
+            if patterns is not None:
+                return self._pattern_grams(weights, *patterns)
+        H = torch.zeros(m, hJ, F, hJ, F, dtype=self.dtype, device=self.device)
         for s, e in self.bounds:
             Xc, Mc = self.rows(s, e), self.mask[s:e]
             on_any = Mc != 0 if weights is None else (Mc != 0) & (weights[s:e] != 0).any(dim=1, keepdim=True)
@@ -345,6 +424,53 @@ class AttentionOperator(_SampleOperator):
             for k in range(j + 1, hJ):
                 H[:, k, :, j] = H[:, j, :, k].transpose(1, 2)
         return H.view(m, hJ * F, hJ * F)
+
+    def _patterns(self):
+        """The samples grouped by their pattern of open gates, ``(patterns (P, |J|) 0/1, the samples sorted by
+        pattern, where each pattern's samples start (P + 1))``, where summing a Gram matrix per pattern costs
+        less than per pair of gates: ``N + P |J|^2`` against ``sum_{j <= j'} |{i: M_ij M_ij' = 1}|`` products of
+        ``(|K| d)^2`` (8 gates on 20,000 samples: 256 patterns at most, 36,000 against 260,000), and their Gram
+        matrices take at most ``PATTERN_BYTES``; else None (also for streamed or sharded data)."""
+        if self.shards is not None or self.streams:
+            return None
+        bits = self.mask.to(torch.int64) << torch.arange(self.hJ, device=self.mask.device)
+        codes, inverse, counts = torch.unique(bits.sum(dim=1), return_inverse=True, return_counts=True)
+        on = self.mask != 0
+        pairs = float(torch.triu(on.T.to(F64) @ on.to(F64)).sum())
+        too_big = len(codes) * self.F ** 2 * self.X.element_size() > PATTERN_BYTES
+        if too_big or self.N + len(codes) * self.hJ ** 2 >= pairs:
+            return None
+        patterns = ((codes[:, None] >> torch.arange(self.hJ, device=codes.device)) & 1).to(self.dtype)
+        starts = torch.zeros(len(codes) + 1, dtype=torch.int64, device=codes.device)
+        starts[1:] = torch.cumsum(counts, 0)
+        return patterns, torch.argsort(inverse, stable=True), starts.tolist()
+
+    def _pattern_grams(self, weights, patterns, order, starts):
+        """:meth:`_gated_grams` with gates 0/1 (weights one column >= 0, or none) by patterns of open gates:
+        ``G_p = sum_{i in p} w_i x_i x_i^T`` over the samples of each pattern p (its samples gathered a
+        cache-sized group at a time), then block ``(j, j') = sum_{p: j, j' open} G_p``, one product over the
+        patterns. The same sums as by pairs of gates, in ``N`` instead of ``sum_{j <= j'} |{i: both open}|``
+        products of the tokens' Gram size."""
+        F, hJ, P = self.F, self.hJ, len(patterns)
+        G = torch.zeros(P, F, F, dtype=self.dtype, device=self.device)
+        rows = max(256, int(GATHER_BYTES // (self.X.element_size() * F)))
+        p = 0
+        while p < P:  # whole patterns, about ``rows`` samples at a time
+            q = p + 1
+            while q < P and starts[q + 1] - starts[p] <= rows:
+                q += 1
+            idx = order[starts[p]:starts[q]]
+            Y = self.X.index_select(0, idx)
+            Y = (Y if self.K is None else Y.index_select(1, self.K)).reshape(len(idx), F)
+            if weights is not None:
+                Y = Y * torch.sqrt(weights.index_select(0, idx))
+            for r in range(p, q):
+                Yr = Y[starts[r] - starts[p]:starts[r + 1] - starts[p]]
+                torch.mm(Yr.T, Yr, out=G[r])
+            p = q
+        both = (patterns[:, :, None] * patterns[:, None, :]).reshape(P, hJ * hJ)
+        H = (both.T @ G.reshape(P, F * F)).view(hJ, hJ, F, F).permute(0, 2, 1, 3)
+        return H.reshape(1, hJ * F, hJ * F)
 
     def sample_norms(self):
         """``||D_i||^2``, the squared norm of every sample's gated design row (N,): ``||x_iK||^2 sum_j M_ij^2``."""
@@ -431,9 +557,6 @@ class TokenOperator(_SampleOperator):
             M = M.index_select(1, torch.as_tensor(J, device=M.device))
         K = None if len(K) == self.tokens.shape[1] else torch.as_tensor(K)
         return TokenOperator(self.tokens, self.d, K, M, self.c, self.device, dtype or self.dtype, self.shards)
-
-    def materialize(self):
-        return self
 
     def forward(self, Z):
         """``yhat`` (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``."""
@@ -685,13 +808,21 @@ class AttentionHeads:
         return self.W1.shape[0]
 
 
-def _bilinear(W1, X, W2, chunk=256):
-    """``w_1j^T X_i w_2j`` of shape (N, m) for rows ``W1`` (m, n), ``W2`` (m, d) and ``X`` (N, n, d): BLAS
-    products over chunks of heads (a three-operand ``np.einsum`` loops in C, far slower for many heads)."""
-    out = np.empty((X.shape[0], W1.shape[0]))
-    for s in range(0, W1.shape[0], chunk):
-        T = np.tensordot(X, W2[s:s + chunk], axes=([2], [1]))  # (N, n, rows)
-        out[:, s:s + chunk] = np.einsum("ikj,jk->ij", T, W1[s:s + chunk])
+def _bilinear(W1, X, W2):
+    """``w_1j^T X_i w_2j`` of shape (N, m) for rows ``W1`` (m, n), ``W2`` (m, d) and ``X`` (N, n, d): one BLAS
+    product of the samples ``(N, n d)`` with the heads' outer products ``w_1j w_2j^T`` (n d, m), all heads at
+    once (chunks of heads whose outer products take at most a few MB)."""
+    N, n, d = X.shape
+    m = W1.shape[0]
+    flat = X.reshape(N, n * d)
+    if m == 0:
+        return np.zeros((N, 0))
+    step = max(1, CHUNK_BYTES // (8 * n * d))
+    if m <= step:
+        return flat @ (W1[:, :, None] * W2[:, None, :]).reshape(m, n * d).T
+    out = np.empty((N, m))
+    for s in range(0, m, step):
+        out[:, s:s + step] = flat @ (W1[s:s + step, :, None] * W2[s:s + step, None, :]).reshape(-1, n * d).T
     return out
 
 

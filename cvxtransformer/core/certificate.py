@@ -12,7 +12,8 @@ stopping rule are both built on :func:`scaled_residual` and :func:`dual_feasible
 both judge a gap with :func:`relative_gap` and :func:`verdict`.
 """
 import math
-from dataclasses import asdict, dataclass, field
+import weakref
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import numpy as np
@@ -118,10 +119,29 @@ def gap_safe_screen(problem, V, gap, G=None):
     return problem.regularizer.screen(G, radius, problem.program.block_norms())
 
 
+_LAST = weakref.WeakKeyDictionary()  # problem -> (Z, residual_of(problem, Z)) of the last Z checked
+
+
 def residual_of(problem, Z):
-    """:func:`scaled_residual` of ``Z`` on the problem's numpy faces: ``(P, V, s, D, G)``, one pass over the data."""
-    return scaled_residual(problem.loss, problem.regularizer, problem.program.forward, problem.program.adjoint,
-                           problem.T, Z)
+    """:func:`scaled_residual` of ``Z`` on the problem's numpy faces: ``(P, V, s, D, G)`` (read-only arrays),
+    a forward pass and an adjoint over the data.
+
+    The last Z of each problem is remembered with its exact values: a second call with the same values
+    reads no data. The torch backend's certified checks on the CPU in float64 call this function (its
+    stopping rule is this certificate), so ``cvxtransformer.solve``'s verification of the point the backend
+    checked last is this computation, made once, by this function, from Z alone.
+    """
+    Z = np.asarray(Z, dtype=float)
+    last = _LAST.get(problem)
+    if last is not None and last[0].shape == Z.shape and np.array_equal(last[0], Z):
+        return last[1]
+    out = scaled_residual(problem.loss, problem.regularizer, problem.program.forward, problem.program.adjoint,
+                          problem.T, Z)
+    for a in out:
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    _LAST[problem] = (np.array(Z), out)
+    return out
 
 
 def checked_dual(problem, V):
@@ -145,6 +165,18 @@ def best_dual(problem, Z, V=None, residual=None, checked=None):
     return primal, best, dual
 
 
+def beaten(problem, V, dual):
+    """Whether the candidate ``V`` cannot give a dual value above ``dual`` (the scaled residual's), whatever
+    scaling ``0 < s <= 1`` makes it feasible: the loss's ``scaled_dual_bound`` of ``V`` projected onto its
+    dual domain (no pass over the data) is at most ``dual``. Then its adjoint need not be computed. False
+    where the loss offers no such bound."""
+    bound = getattr(problem.loss, "scaled_dual_bound", None)
+    if bound is None:
+        return False
+    value = bound(problem.loss.project_dual_domain(np.asarray(V, dtype=float), problem.T), problem.T)
+    return value is not None and float(value) <= float(dual)
+
+
 def screen_solution(problem, Z, V=None):
     """``(Z, mask)``: ``Z`` with the blocks that the gap-safe test proves zero set to zero
     (interior-point and splitting solvers return tiny nonzero values there), tested at the
@@ -152,6 +184,40 @@ def screen_solution(problem, Z, V=None):
     primal, best, dual = best_dual(problem, Z, V)
     mask = gap_safe_screen(problem, best, primal - dual)
     return problem.regularizer.zero_blocks(np.asarray(Z, dtype=float), mask), mask
+
+
+class RecoveredObjectives:
+    """The nonconvex objectives at the heads the family's reduction recovers from Z (``invert``), in each
+    form it offers, computed when first read: each is a pass over X that the certificate's own two
+    passes do not need (``reduction.objective``, from the heads, independent of the program's map), so
+    :func:`cvxtransformer.solve` does not pay for them unless they are read. Pickled with every form
+    computed (no reference to the problem is kept then). A problem sharded over processes computes them at
+    once: their sums over samples are collectives that every process must join."""
+
+    def __init__(self, problem, Z, threads=None):
+        self.problem, self.Z, self.threads, self.values = problem, Z, threads, {}
+        self.forms = problem.reduction.forms
+        if problem.program.shards is not None:  # its sums take every process: computed by each, now
+            for form in self.forms:
+                self(form)
+
+    def __call__(self, form):
+        if form not in self.forms:
+            return None
+        if form not in self.values:
+            from .threads import limited
+
+            problem, reduction = self.problem, self.problem.reduction
+            with limited(self.threads):
+                self.values[form] = float(reduction.objective(problem, reduction.invert(problem, self.Z, form)))
+            if len(self.values) == len(self.forms):
+                self.problem = self.Z = None
+        return self.values[form]
+
+    def __getstate__(self):
+        for form in self.forms:
+            self(form)
+        return {"problem": None, "Z": None, "threads": None, "values": self.values, "forms": self.forms}
 
 
 @dataclass
@@ -167,6 +233,9 @@ class Certificate:
     ``(P - D) / D``. ``certified_by``: ``"relative"`` (``relative_gap <= tol``), ``"absolute"``
     (``duality_gap <= atol``, only when an ``atol`` was given) or None; ``note``: why it is not
     certified (e.g. a gap at float64's rounding floor of P, near interpolation), "" when it is.
+    ``recovered_objective`` and ``recovered_objective_lemma1`` (None for a family without that form):
+    the nonconvex objective at the ``heads_recovered`` heads, computed when first read (a pass over X
+    each: :class:`RecoveredObjectives`), and always in :meth:`to_dict`.
     """
 
     primal_objective: float
@@ -184,8 +253,6 @@ class Certificate:
     beta_max: float
     support_size: int
     heads_recovered: int
-    recovered_objective: float
-    recovered_objective_lemma1: float
     tol: float
     certified: bool
     V: np.ndarray = field(repr=False)
@@ -193,15 +260,33 @@ class Certificate:
     certified_by: Optional[str] = None
     note: str = ""
     G: Optional[np.ndarray] = field(default=None, repr=False)  # A^T V at V, the gap-safe tests' scores
+    recovered: Optional[RecoveredObjectives] = field(default=None, repr=False, compare=False)
+
+    @property
+    def recovered_objective(self):
+        """The nonconvex objective at the recovered heads, balanced form (computed when first read)."""
+        return None if self.recovered is None else self.recovered("balanced")
+
+    @property
+    def recovered_objective_lemma1(self):
+        """The nonconvex objective at the recovered heads, Lemma-1 form (None where the family has no such
+        form; computed when first read)."""
+        return None if self.recovered is None else self.recovered("lemma1")
 
     def to_dict(self):
-        d = asdict(self)
-        d.pop("V")
-        d.pop("G")
-        return d
+        """The fields as plain values (without V and G), the recovered objectives computed."""
+        out = {}
+        for f in fields(self):
+            if f.name in ("V", "G", "recovered"):
+                continue
+            out[f.name] = getattr(self, f.name)
+            if f.name == "heads_recovered":
+                out.update(recovered_objective=self.recovered_objective,
+                           recovered_objective_lemma1=self.recovered_objective_lemma1)
+        return out
 
 
-def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=None, checked=None):
+def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=None, checked=None, threads=None):
     """The :class:`Certificate` of ``Z`` with the best of the dual ``candidates``; certified by
     :func:`verdict` (``relative_gap <= tol``, or ``gap <= atol`` when ``atol`` is given).
 
@@ -209,6 +294,8 @@ def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=N
     ``refinement``: ``(seconds, status)`` of the refinement that produced the ``"refined"`` candidate.
     ``residual``: :func:`residual_of` Z, and ``checked``: dict source -> :func:`checked_dual` of that
     candidate, when the caller computed them from the same Z and candidates (each is a pass over the data).
+    No other pass over the data is made here: the recovered heads' objectives are computed when read
+    (:class:`RecoveredObjectives`, on ``threads``).
     """
     loss, reg, T = problem.loss, problem.regularizer, problem.T
     primal, R, s, residual_dual, G = residual_of(problem, Z) if residual is None else residual
@@ -222,9 +309,6 @@ def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=N
     source, V, dual, scores = best
     gap = primal - dual
     stationarity, feasibility = reg.kkt_residuals(Z, G)
-    reduction = problem.reduction
-    balanced = reduction.invert(problem, Z, "balanced")
-    lemma1 = reduction.invert(problem, Z, "lemma1") if "lemma1" in reduction.forms else None
     relative, by, note = verdict(primal, dual, tol, atol, rounding_floor(loss, T))
     return Certificate(
         primal_objective=primal, dual_objective=dual, duality_gap=gap, relative_gap=relative,
@@ -232,8 +316,7 @@ def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=N
         refined_relative_gap=gaps.get("refined"), refine_seconds=0.0 if refinement is None else refinement[0],
         refine_status="off" if refinement is None else refinement[1],
         kkt_stationarity=stationarity, kkt_dual_feasibility=feasibility, beta=problem.beta,
-        beta_max=float(problem.beta_max()), support_size=reg.support_size(Z), heads_recovered=balanced.heads,
-        recovered_objective=reduction.objective(problem, balanced),
-        recovered_objective_lemma1=None if lemma1 is None else reduction.objective(problem, lemma1),
+        beta_max=float(problem.beta_max()), support_size=reg.support_size(Z),
+        heads_recovered=problem.reduction.invert(problem, Z, "balanced").heads,
         tol=tol, certified=by is not None, V=to_numpy(V), atol=atol, certified_by=by, note=note,
-        G=to_numpy(scores))
+        G=to_numpy(scores), recovered=RecoveredObjectives(problem, np.array(Z, dtype=float), threads))

@@ -7,6 +7,9 @@ shape ``(N, c)`` (see :meth:`Loss.encode`):
 * ``dual_variable(Yhat, T)``: ``V = -grad L(Yhat)``, the dual point at ``Yhat``;
 * ``dual_objective(V, T, scale=1)``: ``sum_i -L*(-s V_i)``, valid for ``s V`` in the dual domain;
 * ``project_dual_domain(V, T)``: the Euclidean projection of ``V`` onto that domain;
+* ``scaled_dual_bound(V, T)``: an upper bound on ``max_{0 < s <= 1} D(s V)`` for ``V`` in that domain
+  (None where there is none), from ``dual_slope(V, T)``, the slope of ``s -> D(s V)`` at ``s = 1``:
+  whether a candidate dual point could beat another before its scaling is known;
 * ``accuracy(Yhat, T)``: fraction of correct labels (NaN for the squared loss);
 * ``hessian(Yhat, T)``: ``W_i = grad^2 L(yhat_i)``, shape (N, c, c), and ``gradient_metric(Yhat, T, at)``:
   ``sum_i grad L_i^T W_i^+ grad L_i`` (float64), the gradient at ``Yhat`` and the Hessian at ``at``
@@ -110,6 +113,16 @@ class Loss:
         """``grad L(Yhat)``, shape (N, c)."""
         return -self.dual_variable(Yhat, T)
 
+    dual_slope = None  # (V, T) -> d/ds D(s V) at s = 1, where the loss offers it
+
+    def scaled_dual_bound(self, V, T):
+        """An upper bound on ``max_{0 < s <= 1} D(s V)`` for ``V`` in the dual domain, or None. ``s -> D(s V)``
+        is concave: where its slope at ``s = 1`` is >= 0 it increases on [0, 1], and the bound is ``D(V)``."""
+        if self.dual_slope is None:
+            return None
+        slope = float(self.dual_slope(V, T))
+        return float(self.dual_objective(V, T)) if slope >= 0.0 else None
+
     def accuracy(self, Yhat, T):
         """Fraction of samples whose label is predicted (NaN: the loss has no labels)."""
         return math.nan
@@ -164,6 +177,14 @@ class SquaredLoss(Loss):
     @numpy_face
     def project_dual_domain(self, V, T):
         return V
+
+    @numpy_face
+    def scaled_dual_bound(self, V, T):
+        """``max_{0 <= s <= 1} (s <V, T> - s^2/2 ||V||^2)``, exactly (no temporary of the size of V)."""
+        a = torch.dot(V.reshape(-1), T.reshape(-1)).to(F64)
+        b = torch.dot(V.reshape(-1), V.reshape(-1)).to(F64)
+        s = torch.clamp(a / b, 0.0, 1.0) if b > 0 else torch.ones((), dtype=F64)
+        return s * a - 0.5 * s * s * b
 
     @numpy_face
     def hessian(self, Yhat, T):
@@ -222,6 +243,13 @@ class LogisticLoss(Loss):
     @mapped_by_rows
     def project_dual_domain(self, V, T):
         return T * torch.clamp(T * V, 0.0, 1.0)
+
+    @numpy_face
+    @summed_by_rows
+    def dual_slope(self, V, T):
+        """``sum_i a_i log((1 - a_i) / a_i)``, ``a = y V``: the slope of ``s -> D(s V)`` at 1."""
+        a = T * V
+        return torch.sum(torch.xlogy(a, 1.0 - a) - torch.xlogy(a, a), dtype=F64)
 
     @numpy_face
     def accuracy(self, Yhat, T):
@@ -306,6 +334,12 @@ class CrossEntropyLoss(Loss):
     @mapped_by_rows
     def project_dual_domain(self, V, T):
         return T - project_rows_to_simplex(T - V)
+
+    @numpy_face
+    @summed_by_rows
+    def dual_slope(self, V, T):
+        """``sum_ik V_ik (log(T_ik - V_ik) + 1)``: the slope of ``s -> D(s V)`` at 1."""
+        return torch.sum(torch.xlogy(V, T - V) + V, dtype=F64)
 
     @numpy_face
     def accuracy(self, Yhat, T):

@@ -36,7 +36,7 @@ class ConvexProblem:
 
     def __init__(self, program, loss, T, regularizer, classes=None):
         self.program, self.loss, self.T, self.regularizer, self.classes = program, loss, T, regularizer, classes
-        self._beta_max = None
+        self._beta_max = self._scores0 = None
         self._mapped = {}  # name -> (array, its fingerprint) of memory-mapped data (checked by check_data)
 
     def check_data(self):
@@ -81,14 +81,21 @@ class ConvexProblem:
         """Smallest beta for which Z = 0 is optimal: ``dual_norm(A^T (-grad L(0)))``."""
         if self._beta_max is None:
             zero = np.zeros_like(self.T)
-            self._beta_max = self.regularizer.dual_norm(self.program.adjoint(self.loss.dual_variable(zero, self.T)))
+            self._scores0 = self.program.adjoint(self.loss.dual_variable(zero, self.T))
+            self._scores0.flags.writeable = False
+            self._beta_max = self.regularizer.dual_norm(self._scores0)
         return self._beta_max
+
+    def scores_at_zero(self):
+        """``A^T (-grad L(0))`` in the program's shape, as :meth:`beta_max` computed it (read-only; None
+        before that: computing it is a pass over the data). The torch backend's first check at Z = 0 reads it."""
+        return self._scores0
 
     def with_beta(self, beta):
         """The same data, program and loss with another beta (shares the program)."""
         other = ConvexProblem(self.program, self.loss, self.T, self.regularizer.with_beta(check_beta(beta)),
                               self.classes)
-        other._beta_max, other._mapped = self._beta_max, self._mapped
+        other._beta_max, other._scores0, other._mapped = self._beta_max, self._scores0, self._mapped
         return other
 
     def with_beta_frac(self, beta_frac):

@@ -9,6 +9,11 @@ backend stops exactly when the verifier will certify.
 When the operator streams its data (a memory map, or host memory feeding a GPU), ``yhat``, the
 dual point and ``A^T V`` are computed in one pass over the data (``forward_adjoint``): a check costs
 one read of the data, as an iteration's adjoint does.
+
+On the CPU in float64 (the program's own operator, not sharded), a check with nothing at hand is the
+verifier's :func:`~cvxtransformer.core.certificate.residual_of` itself, on the iterate as numpy: the
+verifier remembers it, so ``cvxtransformer.solve``'s certificate of the point returned (the point
+checked last) is that computation, not a second one.
 """
 import math
 import time
@@ -16,7 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from cvxtransformer.core.certificate import relative_gap, scaled_residual
+import numpy as np
+
+from cvxtransformer.core.arrays import F64
+from cvxtransformer.core.certificate import relative_gap, residual_of, scaled_residual
 
 
 @dataclass
@@ -41,19 +49,31 @@ class Certifier:
 
     def __init__(self, problem, op, T):
         self.problem, self.op, self.T = problem, op, T
+        # the verifier's own function (and operator) where it is the same computation
+        self.verifier = (op.device.type == "cpu" and op.dtype == F64 and problem.program.shards is None
+                         and op is problem.program.operator("cpu", F64) and not getattr(op, "streams", False))
         self.dual_best, self.V_best, self.G_best = -math.inf, None, None
+        self.best_is_last = False  # whether the best dual point is the residual of the point checked last
 
-    def check(self, x, Yhat=None):
-        """Certify ``x`` (canonical, float64); ``Yhat = A x`` in float64 when already known."""
+    def check(self, x, Yhat=None, G=None):
+        """Certify ``x`` (canonical, float64); ``Yhat = A x`` in float64 and ``G = A^T (-grad L(Yhat))`` when
+        already known (at x = 0, the scores :meth:`~cvxtransformer.core.problem.ConvexProblem.beta_max` computed)."""
         t0 = time.perf_counter()
         p = self.problem
         forward, adjoint = self.op.forward, self.op.adjoint
-        if Yhat is None and getattr(self.op, "streams", False):
-            Yhat, _, G1 = self.op.forward_adjoint(x, lambda Y, s, e: p.loss.dual_variable(Y, self.T[s:e]))
-            adjoint = lambda V: G1  # noqa: E731  (V = -grad L(yhat), row by row: the same V)
-        primal, V, s, dual, G = scaled_residual(p.loss, p.regularizer, forward, adjoint, self.T, x, Yhat)
+        if G is None and Yhat is None and self.verifier:  # the verifier's computation (copies: its arrays stay its own)
+            primal, V, s, dual, G = residual_of(p, x.numpy().reshape(p.program.shape))
+            V, G = torch.from_numpy(np.array(V)), torch.from_numpy(np.array(G)).reshape(x.shape)
+        else:
+            if G is not None:
+                adjoint = lambda V: G  # noqa: E731
+            elif Yhat is None and getattr(self.op, "streams", False):
+                Yhat, _, G1 = self.op.forward_adjoint(x, lambda Y, s, e: p.loss.dual_variable(Y, self.T[s:e]))
+                adjoint = lambda V: G1  # noqa: E731  (V = -grad L(yhat), row by row: the same V)
+            primal, V, s, dual, G = scaled_residual(p.loss, p.regularizer, forward, adjoint, self.T, x, Yhat)
         primal, dual = float(primal), float(dual)
-        if dual > self.dual_best:
+        self.best_is_last = dual > self.dual_best
+        if self.best_is_last:
             self.dual_best, self.V_best, self.G_best = dual, s * V, s * G
         gap = primal - self.dual_best
         rel = relative_gap(primal, self.dual_best)

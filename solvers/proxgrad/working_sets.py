@@ -14,9 +14,10 @@
   ``||(A^T V)_g||_2`` exceeds beta, and subproblems restrict the operator to the gates of the set.
   A single matrix (program (6)) is one gate: the whole problem.
 
-Each offers ``forward`` (``A x`` for a certificate check), ``screen``, ``next`` (the next working
+Each offers ``screen``, ``next`` (the next working
 set, as a hashable key: None for the whole problem), ``restrict``, ``extract``, ``embed`` and
-``screened_mask``.
+``screened_mask``; those whose ``restricts_forward`` is set, ``forward`` (``A x`` for a certificate
+check, cheaper than the operator's own).
 """
 import weakref
 
@@ -27,20 +28,22 @@ from cvxtransformer.core.arrays import F64
 from cvxtransformer.core.regularizers import GroupLasso, NuclearNorm, TokenNuclearNorm
 
 _BLOCK_NORMS = weakref.WeakKeyDictionary()  # program -> (h, n) tensor of exact ||A_g||, shared along a path
+# Multiply-adds of a Gram matrix of every violating block (N F^2) up to which the first working set takes them all:
+# a second round (a check, the new columns, FISTA restarted) costs a few ms of Python-level torch calls, more than
+# such a Gram matrix ((8) squared, N=1,000, n=8, d=16: 3 tokens then 8, 11 ms of CPU; 8 at once, see the benchmark)
+ONE_ROUND = 3e7
 
 
 def first_size(scores, cap):
     """Blocks the first working set takes of the violators ``scores`` (KKT scores > 1): those above the
-    largest relative drop among the best ``cap + 1`` scores, and a quarter more (a pivot rule like adelie's,
-    arXiv 2405.08631): the few blocks that stand out, not ``cap`` of them, where few stand out (the Gram
-    matrix of the set costs the square of its size; the set grows by ``cap`` or doubles after). Where that
-    is half of the violators or more, ``cap`` of them as before (a second round would cost more than it
-    saves: (8) squared, N=100,000, n=8, d=16, 0.01 beta_max, 4 of 8 tokens then a second check: 1.4x the
-    CPU time of one round on all 8)."""
+    largest relative drop among the best ``cap + 1`` scores (a pivot rule like adelie's, arXiv 2405.08631):
+    the few blocks that stand out, not ``cap`` of them, where few stand out (the Gram matrix of the set
+    costs the square of its size; a set that grows sums only its new columns, and the padding of a quarter
+    more blocks this rule had cost more than it saved on the planted instances of the benchmark: (8) squared,
+    N=20,000, n=8, d=16, 3 true tokens, a 64-feature Gram matrix 8.2 ms of a 19.5 ms solve)."""
     top = torch.topk(scores, min(cap + 1, len(scores))).values
     k = int(torch.argmax(top[:-1] / top[1:])) + 1 if len(top) > 2 else len(scores)
-    k += -(-k // 4)
-    return min(cap, len(scores)) if 2 * k >= len(scores) else k
+    return min(cap, len(scores), k)
 
 
 class BlockWorkingSet:
@@ -51,6 +54,7 @@ class BlockWorkingSet:
     """
 
     polishable = True
+    restricts_forward = False  # A x: the operator reads the gates and tokens where x is nonzero only
 
     def __init__(self, problem, op, norms="auto"):
         self.problem, self.op, self.norms = problem, op, norms
@@ -72,17 +76,6 @@ class BlockWorkingSet:
             self._bound = self.op.block_norm_bounds()
         return self._bound
 
-    def forward(self, x):
-        """``A x`` in float64 from the gates and tokens where ``x`` is nonzero only."""
-        nz = torch.linalg.vector_norm(x, dim=-1) > 0  # (h, c, n)
-        J = torch.nonzero(nz.any(dim=(1, 2))).flatten()
-        K = torch.nonzero(nz.any(dim=(0, 1))).flatten()
-        if len(J) == 0:
-            return torch.zeros(self.op.N, self.c, dtype=F64, device=self.op.device)
-        if len(J) * len(K) > 0.5 * self.h * self.n:
-            return self.op.forward(x)
-        return self.op.restrict(J, K).forward(x.index_select(0, J).index_select(2, K))
-
     def screen(self, G_best, radius):
         """Gap-safe test at the best dual point; returns the number of groups screened so far."""
         self.screened |= self.problem.regularizer.screen(G_best, radius, self.block_norms()[:, None, :])
@@ -101,8 +94,13 @@ class BlockWorkingSet:
 
         The working set only grows: it keeps its blocks (gate j, token k) and adds the worst KKT
         violators outside it (``max_l ||(A^T V)_{j,l,k}|| > beta``), at most as many as it holds
-        (at least ``p0``). It is *settled* when no block outside it violates the KKT conditions
-        (or it holds every unscreened block): its solution is then the full solution.
+        (at least ``p0``). The first one (nothing held) takes, for each output, the tokens whose best
+        score over the gates stands out (:func:`first_size`, at most ``p0``), each with its violating
+        gates (on gated programs every gate of a token is about as likely as any other, and the outputs
+        of program (10) share the Gram matrix of the set but have tokens of their own); every violating
+        token where that is three quarters of them or more, or where their Gram matrix costs at most
+        ``ONE_ROUND`` multiply-adds. It is *settled* when no block outside it violates the KKT
+        conditions (or it holds every unscreened block): its solution is then the full solution.
         """
         blocks_open = self.blocks_open()  # (h, n)
         if self.ws is None:
@@ -111,9 +109,22 @@ class BlockWorkingSet:
         score = self.scores(chk.G)
         candidates = blocks_open & ~self.ws & (score > 1.0)
         n_cand = int(candidates.sum())
-        if n_cand:
+        if n_cand and enabled and not self.ws.any():  # the first set: tokens that stand out, every violating gate
+            open_tokens = candidates.any(dim=0)
+            every = int(open_tokens.sum())
+            chosen = open_tokens.clone()
+            if self.op.N_total * (self.h * every * self.d) ** 2 > ONE_ROUND:  # else all of them at once (every shard)
+                chosen[:] = False
+                per_output = torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=0) / beta  # (c, n)
+                for token in torch.where(open_tokens, per_output, torch.full_like(per_output, -np.inf)):
+                    take = first_size(token[open_tokens], p0)  # each output's own tokens that stand out
+                    chosen[torch.topk(token, take).indices] = True
+                if 4 * int(chosen.sum()) >= 3 * every:  # most of them: all, rather than a second round for the rest
+                    chosen = open_tokens
+            self.ws[:, chosen] = candidates[:, chosen]
+        elif n_cand:
             held = int(self.ws.sum())
-            take = n_cand if not enabled else min(n_cand, max(p0, held) if held else first_size(score[candidates], p0))
+            take = n_cand if not enabled else min(n_cand, max(p0, held))
             score = torch.where(candidates, score, torch.full_like(score, -np.inf))
             add = torch.zeros(self.h * self.n, dtype=torch.bool, device=self.ws.device)
             add[torch.topk(score.flatten(), take).indices] = True
@@ -154,6 +165,7 @@ class WholeProblem:
     unscreened singular directions are a proved bound on the rank), reported with the solution."""
 
     polishable = False
+    restricts_forward = False
 
     def __init__(self, problem, op, norms="auto"):
         self.problem, self.op = problem, op
@@ -204,6 +216,8 @@ class GateWorkingSet(WholeProblem):
     it was tried on program (6) and never paid (the map costs O(N d^3 c) either way, the SVD of the
     prox is cheap beside it).
     """
+
+    restricts_forward = True  # forward: the gates where x is nonzero only
 
     def __init__(self, problem, op, norms="auto"):
         super().__init__(problem, op, norms)

@@ -1,0 +1,50 @@
+"""The thread policy (cvxtransformer.core.threads): ``threads`` caps torch's and BLAS's threads for a call and
+both are restored after; products under SMALL_WORK multiply-adds run on one thread."""
+import numpy as np
+import pytest
+import torch
+from threadpoolctl import threadpool_info
+
+import cvxtransformer as ct
+from cvxtransformer.core.threads import SMALL_WORK, limited
+
+
+def blas_threads():
+    return {i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+def test_limited_caps_torch_and_blas_and_restores_them():
+    torch_before, blas_before = torch.get_num_threads(), blas_threads()
+    with limited(1, 10 * SMALL_WORK):
+        assert torch.get_num_threads() == 1
+        assert set(blas_threads().values()) == {1}
+    assert torch.get_num_threads() == torch_before and blas_threads() == blas_before
+    with limited(None, SMALL_WORK / 2):  # a small product: one thread whatever the setting
+        assert torch.get_num_threads() == 1
+    with limited(None, 10 * SMALL_WORK):  # a large one: torch's setting, BLAS no more than it
+        assert torch.get_num_threads() == torch_before
+        assert all(n <= torch_before for n in blas_threads().values())
+    assert torch.get_num_threads() == torch_before and blas_threads() == blas_before
+
+
+def test_solve_and_certify_take_threads_and_leave_the_settings_as_they_were(monkeypatch):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 4, 3))
+    problem = ct.make_problem(X, X[:, 1, 0] + 0.1 * rng.standard_normal(300), program=8, beta_frac=0.2)
+    seen = []
+    real = torch.Tensor.__matmul__
+
+    def spy(a, b):  # the threads of every product of the call
+        seen.append(torch.get_num_threads())
+        return real(a, b)
+
+    torch_before, blas_before = torch.get_num_threads(), blas_threads()
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    result = ct.solve(problem, "fista", threads=1)
+    assert result.certified and seen and set(seen) == {1}
+    assert ct.certify(problem, result.Z, threads=1).certified
+    assert torch.get_num_threads() == torch_before and blas_threads() == blas_before
+    with pytest.raises(ct.InvalidInputError, match="threads"):
+        ct.solve(problem, "fista", threads=0)
+    with pytest.raises(ct.InvalidInputError, match="threads"):
+        ct.certify(problem, result.Z, threads=-1)
