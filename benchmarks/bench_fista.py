@@ -22,6 +22,7 @@ only that). See :mod:`fista_report`.
                                                            # included) against adelie, skglm and celer, interleaved
     python benchmarks/bench_fista.py --part solve_large    # the same at N = 10^6 (about 6 GB of memory)
     python benchmarks/bench_fista.py --part solve --seed 7 # other instances of the same kinds (seed of the data)
+    python benchmarks/bench_fista.py --part weight_decay   # program 10wd (ordinary weight decay) against (10)
 """
 import argparse
 import json
@@ -74,11 +75,13 @@ def make(inst, seed=0):
     if inst.rho:
         X *= np.sqrt(1 - inst.rho)
         X += np.sqrt(inst.rho) * rng.standard_normal((inst.N, 1, inst.d))
-    W = np.zeros((3, inst.n, inst.d))
-    for l in range(3):
+    multi = inst.loss == "squared" and inst.program in (10, "10wd")  # c outputs, one teacher head each
+    heads = max(3, inst.classes) if multi else 3
+    W = np.zeros((heads, inst.n, inst.d))
+    for l in range(heads):
         W[l, rng.choice(inst.n, 3, replace=False)] = rng.standard_normal((3, inst.d)) / np.sqrt(inst.d)
-    S = np.einsum("ikd,lkd->il", X, W) + 0.5 * rng.standard_normal((inst.N, 3))
-    y = {"squared": S if inst.program == 10 else S[:, 0], "logistic": np.where(S[:, 0] >= 0, 1.0, -1.0),
+    S = np.einsum("ikd,lkd->il", X, W) + 0.5 * rng.standard_normal((inst.N, heads))
+    y = {"squared": S if multi else S[:, 0], "logistic": np.where(S[:, 0] >= 0, 1.0, -1.0),
          "cross_entropy": np.argmax(np.c_[S, np.zeros(inst.N)][:, :inst.classes], axis=1)}[inst.loss]
     problem = ct.make_problem(X, y, program=inst.program, loss=inst.loss, beta=1.0, gates=inst.heads,
                               n_classes=inst.classes if inst.loss == "cross_entropy" else None)
@@ -238,8 +241,30 @@ def solve_row(inst, seed, repeats):
 
 
 PARTS = ("squared", "squared_large", "extras", "logistic", "logistic_large", "cross_entropy", "adelie", "adelie_large",
-         "gpu", "solve", "solve_large")
+         "weight_decay", "gpu", "solve", "solve_large")
 SOLVE_REPEATS = 5  # runs of each solver in turn, best of them
+
+
+def weight_decay_rows(quick, repeats=SOLVE_REPEATS):
+    """The part ``weight_decay`` (issue #41): ``ct.solve(problem, "fista")`` on program 10wd (ordinary weight
+    decay: a nuclear norm per token) against program (10) (a group norm per token and output) on the same data
+    and at the same fraction of each program's own beta_max, the two timed in turn (best of ``repeats``)."""
+    N = 10_000 if quick else 100_000
+    rows = []
+    for frac in (0.1, 0.01):
+        problems = {program: make(Instance(program, "squared", N, 16, 32, 0.8, frac, classes=4, peers=()))
+                    for program in (10, "10wd")}
+        best = peers.interleaved({program: peers.timed_once(lambda p=p: ct.solve(peers.fresh(p), "fista", threads=1))
+                                  for program, p in problems.items()}, repeats)
+        row = {"instance": asdict(Instance("10wd", "squared", N, 16, 32, 0.8, frac, classes=4, peers=())),
+               "runs": {str(program): {"seconds": seconds, "cpu": cpu, "gap": out.certificate.relative_gap,
+                                       "certified": bool(out.certificate.relative_gap <= peers.TARGET),
+                                       "iterations": out.iterations, "beta": problems[program].beta}
+                        for program, (seconds, cpu, out) in best.items()}}
+        rows.append(row)
+        print(fista_report.label(row["instance"]),
+              {k: f"{r['seconds']:.3g} s, gap {r['gap']:.1e}" for k, r in row["runs"].items()}, flush=True)
+    return {"rows": rows, "repeats": repeats}
 
 
 def run_instance(inst, caps):
@@ -421,6 +446,8 @@ def run_part(part, quick, caps, seed=0):
     """Every measurement of one part, as plain data (JSON)."""
     if part == "gpu":
         return bench_gpu(quick)
+    if part == "weight_decay":
+        return weight_decay_rows(quick)
     if part in ("solve", "solve_large"):
         out = {"rows": [], "seed": seed, "repeats": SOLVE_REPEATS}
         for inst in solve_instances(part, quick):

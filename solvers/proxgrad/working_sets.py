@@ -115,7 +115,7 @@ class BlockWorkingSet:
             chosen = open_tokens.clone()
             if self.op.N_total * (self.h * every * self.d) ** 2 > ONE_ROUND:  # else all of them at once (every shard)
                 chosen[:] = False
-                per_output = torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=0) / beta  # (c, n)
+                per_output = torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=0) / self.problem.beta  # (c, n)
                 for token in torch.where(open_tokens, per_output, torch.full_like(per_output, -np.inf)):
                     take = first_size(token[open_tokens], p0)  # each output's own tokens that stand out
                     chosen[torch.topk(token, take).indices] = True
