@@ -288,6 +288,42 @@ def test_first_working_set_takes_the_blocks_that_stand_out():
     assert first_size(torch.tensor([5.0, 4.0]), 10) == 2
 
 
+def test_first_working_set_holds_every_planted_token_that_stands_above_the_rest():
+    """Three planted tokens of sixteen, uncorrelated tokens: only they violate the KKT conditions at 0 (scores
+    5, 4.1 and 3.6 against 0.66 or less for the rest). The pivot is taken among every unscreened token's score,
+    so the first working set holds all three (the pivot among the three violators alone took one, and more
+    rounds and checks followed), and the solve certifies with that one set, never grown."""
+    from cvxtransformer.solvers.proxgrad import working_sets
+    from cvxtransformer.solvers.proxgrad.working_sets import first_size
+
+    rng = np.random.default_rng(0)
+    N, n, d = 2000, 16, 8
+    X = rng.standard_normal((N, n, d))
+    W = np.zeros((n, d))
+    W[[2, 7, 11]] = rng.standard_normal((3, d)) * np.array([[1.0], [0.9], [0.8]])
+    problem = ct.make_problem(X, np.einsum("ikd,kd->i", X, W) + 0.1 * rng.standard_normal(N), program=8,
+                              beta_frac=0.2)
+    scores = np.linalg.norm(problem.scores_at_zero().reshape(n, d), axis=1) / problem.beta
+    assert sorted(np.flatnonzero(scores > 1)) == [2, 7, 11]
+    assert first_size(torch.from_numpy(scores[scores > 1]), 10) == 1  # the violators alone: the pivot after one
+    first = []
+    original = working_sets.BlockWorkingSet.next
+
+    def recording(self, chk, x, enabled, p0):
+        out = original(self, chk, x, enabled, p0)
+        first.append(self.ws.any(dim=0).clone())
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(working_sets, "ONE_ROUND", 0)  # the pivot rule, even on so few samples
+        mp.setattr(working_sets.BlockWorkingSet, "next", recording)
+        out = ProxGrad().solve(problem, tol=1e-8)
+    assert sorted(torch.nonzero(first[0]).flatten().tolist()) == [2, 7, 11]
+    assert out.status.startswith("certified") and all(torch.equal(ws, first[0]) for ws in first)  # never grown
+    ref = ct.solve(problem, "clarabel", tol=1e-9)
+    assert ct.certify(problem, out.Z).primal_objective == pytest.approx(ref.certificate.primal_objective, rel=1e-7)
+
+
 @pytest.mark.parametrize("program, n_out", [(8, "scalar"), (10, "vector")])
 def test_grown_gram_equals_the_gram_of_the_grown_set(monkeypatch, program, n_out):
     """A working set that gains tokens gets its Gram matrix from the previous one and the new columns:
