@@ -318,7 +318,7 @@ def test_networks_9w_and_11w_load_the_recovered_heads_exactly():
     flat = problem_of("10wd", "cross_entropy", frac=0.1)
     solved = ct.solve(flat, "clarabel", tol=1e-9)
     net = WeightDecayAttention.from_weights(ct.recover_weights(flat, solved.Z))
-    value = float(net.objective(net.encode_inputs(flat.program.X), flat.T, "cross_entropy", flat.beta))
+    value = float(net.objective(net.encode_inputs(flat.program.X), flat.T, "cross_entropy", flat.beta).detach())
     assert value == pytest.approx(solved.certificate.primal_objective, rel=1e-11)
     assert ct.certify_network(flat, net).gap == pytest.approx(solved.certificate.duality_gap, abs=1e-7)
 
