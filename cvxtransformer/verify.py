@@ -87,6 +87,8 @@ def certify(problem, Z, V=None, tol=1e-6, refine=True, refine_time=10.0, atol=No
     threads : the most CPU threads the verification uses (torch and BLAS; None: torch's setting; small
         products run on one thread): :mod:`cvxtransformer.core.threads`
 
+    Notes
+    -----
     Passes over the data: two, the forward pass for P(Z) and the residual dual point and one adjoint for
     its feasibility, and one more adjoint for a candidate ``V`` only when it may beat the residual (a loss's
     ``scaled_dual_bound`` says when it cannot); the refinement, when it runs, comes on top. The recovered
