@@ -67,6 +67,11 @@ FIRST_ORDER_MIN = 200  # first-order iterations a subproblem takes at least (the
 # iterations and a Newton polish reach tol ((8) squared, N=10,000, n=8, d=16, rho=0.8, 0.1 beta_max: a second
 # check saved, 15.1 -> 10.7 ms of CPU).
 PASS_RATE, ITER_SECONDS, SETTLE_ITERS = 1e9, 1e-4, 10
+# An ungated Gram matrix, N F^2 / 2 multiply-adds of block-triangular GEMMs, costs this fraction of them at the
+# model's GEMM rate: measured with one CPU thread, 13 G multiply-adds/s at N = 1,000 (F = 832) and 9 to 15 G at
+# N = 10^4 to 10^5, against 1 to 1.7 G for a product that streams the data (it was 2.0: the Gram form was priced
+# 3x too high, and a working set of 13 tokens of 64 at N = 1,000 stayed on the data path, 86 -> 64 ms a solve)
+UNGATED_GRAM = 0.7
 
 
 class ProxGrad(Solver):
@@ -488,7 +493,7 @@ class _Run:
     def _costs(self, op):
         """Costs in multiply-adds of a product that streams its matrix once: an iteration on the data (its two
         products; gated, twice that: the gates' weights and sums cost about as much again), forming H (at
-        GEMM speed: ungated ``N F^2`` for the block-triangular sums over block rows, gated the exact
+        GEMM speed: ungated ``UNGATED_GRAM N F^2 / 2`` for the block-triangular sums over block rows, gated the exact
         ``weighted_gram_cost`` of its pairs of gates) and an iteration on H. Measured on (12) squared,
         N=10,000, 16 gates, 128 features a gate, one CPU thread: a data iteration 6 ms, H 0.46 s."""
         F = op.hJ * op.F
@@ -496,5 +501,5 @@ class _Run:
         c = self.problem.program.n_outputs
         gated = op.mask is not None and op.hJ > 1
         t_data = 2.0 * op.N_total * op.F * max(1.0, op.hJ * c / r) * (2.0 if gated else 1.0)
-        t_build = ((1.0 if gated else 2.0) * op.weighted_gram_cost() + op.N_total * F * c) / r
+        t_build = ((1.0 if gated else UNGATED_GRAM) * op.weighted_gram_cost() + op.N_total * F * c) / r
         return t_data, t_build, F * F * max(1.0, c / r)
