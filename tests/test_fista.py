@@ -324,6 +324,40 @@ def test_first_working_set_holds_every_planted_token_that_stands_above_the_rest(
     assert ct.certify(problem, out.Z).primal_objective == pytest.approx(ref.certificate.primal_objective, rel=1e-7)
 
 
+def test_a_later_round_takes_the_violator_that_stands_out_alone():
+    """Correlated tokens (rho = 0.8), three planted: the first set holds two; at its solution the third violates
+    the KKT conditions clearly more than the other five, whose scores only reflect the missing token. The second
+    round takes that token alone (its score at least twice the next: ``STANDOUT``), not every violator (a Gram
+    matrix of all eight tokens), and the solve ends at the optimum with those three."""
+    from cvxtransformer.solvers.proxgrad import working_sets
+
+    rng = np.random.default_rng(0)
+    N, n, d, rho = 2000, 8, 8, 0.8
+    X = rng.standard_normal((N, n, d)) * np.sqrt(1 - rho) + np.sqrt(rho) * rng.standard_normal((N, 1, d))
+    W = np.zeros((n, d))
+    W[rng.choice(n, 3, replace=False)] = rng.standard_normal((3, d)) / np.sqrt(d)
+    problem = ct.make_problem(X, np.einsum("ikd,kd->i", X, W) + 0.5 * rng.standard_normal(N), program=8,
+                              beta_frac=0.05)
+    sets, scores, original = [], [], working_sets.BlockWorkingSet.next
+
+    def recording(self, chk, x, enabled, p0):
+        scores.append(self.scores(chk.G).flatten().clone())
+        out = original(self, chk, x, enabled, p0)
+        sets.append(torch.nonzero(self.ws.any(dim=0)).flatten().tolist())
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(working_sets, "ONE_ROUND", 0)  # the pivot rule, even on so few samples
+        mp.setattr(working_sets.BlockWorkingSet, "next", recording)
+        out = ProxGrad().solve(problem, tol=1e-8)
+    assert sets[0] == [5, 6] and sets[1] == [3, 5, 6] and sets[-1] == [3, 5, 6]
+    others = [float(v) for k, v in enumerate(scores[1]) if k not in (3, 5, 6)]
+    assert min(others) > 1 and scores[1][3] >= working_sets.STANDOUT * max(others)  # the others violate too
+    assert sorted(np.flatnonzero((out.Z != 0).any(axis=1))) == [3, 5, 6]
+    ref = ct.solve(problem, "clarabel", tol=1e-9)
+    assert ct.certify(problem, out.Z).primal_objective == pytest.approx(ref.certificate.primal_objective, rel=1e-7)
+
+
 @pytest.mark.parametrize("program, n_out", [(8, "scalar"), (10, "vector")])
 def test_grown_gram_equals_the_gram_of_the_grown_set(monkeypatch, program, n_out):
     """A working set that gains tokens gets its Gram matrix from the previous one and the new columns:
