@@ -226,9 +226,10 @@ HOW = [
     "2. Gap-safe screening discards groups proved zero (exact operator norms along a path, a Frobenius bound "
     "otherwise).",
     "3. Working set of (gate, token) blocks (support plus worst KKT violators, growing; the first one takes, for "
-    "each output, the tokens whose KKT scores stand out, above their largest relative drop, at most `p0`: a pivot "
-    "rule like adelie's; all of them where their Gram matrix costs under 3e7 multiply-adds or the pivot takes "
-    "three quarters). The data are read in place: no copy of X's columns per working set or per iteration "
+    "each output, the tokens whose KKT scores stand out among the unscreened tokens' scores, above their largest "
+    "relative drop, at most `p0`: a pivot rule like adelie's; all of them where their Gram matrix costs under 3e7 "
+    "multiply-adds or the pivot takes three quarters; a later round takes the violators above the pivot's drop "
+    "alone where the drop halves the score, else as many violators as the set holds). The data are read in place: no copy of X's columns per working set or per iteration "
     "(matrix-vector products read the tokens as views of X's rows; products with several columns and the Gram "
     "matrices gather a cache-sized chunk of samples at a time). Squared loss: FISTA on "
     "the Gram matrix of the working set when a cost model says it pays (built in chunks of samples; "
