@@ -252,11 +252,11 @@ def weight_decay_rows(quick, repeats=SOLVE_REPEATS):
     N = 10_000 if quick else 100_000
     rows = []
     for frac in (0.1, 0.01):
-        problems = {program: make(Instance(program, "squared", N, 16, 32, 0.8, frac, classes=4, peers=()))
-                    for program in (10, "10wd")}
+        inst = Instance("10wd", "squared", N, 16, 32, 0.8, frac, classes=4, peers=())
+        problems = {program: make(replace(inst, program=program)) for program in (10, "10wd")}
         best = peers.interleaved({program: peers.timed_once(lambda p=p: ct.solve(peers.fresh(p), "fista", threads=1))
                                   for program, p in problems.items()}, repeats)
-        row = {"instance": asdict(Instance("10wd", "squared", N, 16, 32, 0.8, frac, classes=4, peers=())),
+        row = {"instance": asdict(inst),
                "runs": {str(program): {"seconds": seconds, "cpu": cpu, "gap": out.certificate.relative_gap,
                                        "certified": bool(out.certificate.relative_gap <= peers.TARGET),
                                        "iterations": out.iterations, "beta": problems[program].beta}

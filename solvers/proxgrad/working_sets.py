@@ -134,8 +134,8 @@ class BlockWorkingSet:
             held = int(self.ws.sum())
             take = n_cand if not enabled else min(n_cand, max(p0, held))
             if enabled and n_cand > 1:  # a few violators that stand out clearly: those alone (a smaller Gram matrix)
-                top = torch.topk(score[candidates], min(take + 1, n_cand)).values
-                k = first_size(top, take)
+                k = first_size(score[candidates], take)
+                top = torch.topk(score[candidates], min(k + 1, n_cand)).values
                 if k < len(top) and top[k - 1] >= STANDOUT * top[k]:
                     take = k
             score = torch.where(candidates, score, torch.full_like(score, -np.inf))
