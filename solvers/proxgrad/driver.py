@@ -314,7 +314,8 @@ class _Run:
                     self.newton_needed = reason != "converged"  # a hard problem: later subproblems start with Newton
                 if method_used == "newton" and reason != "converged":
                     x, ix, reason = prox_newton(sm, x, self.problem.regularizer, inner_tol, budget, o["check_every"],
-                                                on_check, floor, self._hessian_op(key), self.rounding_w)
+                                                on_check, floor, self._hessian_op(key), self.rounding_w,
+                                                self._reuse_pays(sm.op))
                 # no Newton step: first order finishes; but not where float32's rounding stopped the Newton steps
                 # ("floor"): first order only stalls there too, and the driver declares the stall 3 checks later
                 if method_used != "newton" or reason == "stalled" or reason == "floor" and self.dtype == F64:
@@ -429,6 +430,18 @@ class _Run:
                                                   key)
         return self.cache["op32"]
 
+    def _hessian_work(self, op):
+        """A Newton Hessian of ``op`` in multiply-adds of a product that streams its matrix once (float32 GEMMs,
+        about ``1.5 GEMM_SPEEDUP`` times faster per multiply-add; ``c (c + 1) / 2`` weighted Gram matrices)."""
+        c = self.problem.program.n_outputs
+        return c * (c + 1) / 2 * op.weighted_gram_cost() / (1.5 * GEMM_SPEEDUP[self.device.type])
+
+    def _reuse_pays(self, op):
+        """For :func:`.prox_newton.prox_newton`: whether a Hessian of the active blocks (an operator) costs more
+        than the rest of a Newton step on the working set ``op``, its gradient and line search (two passes)."""
+        step = 2.0 * op.N_total * int(np.prod(op.shape))
+        return lambda active: self._hessian_work(active) > step
+
     def _newton_warmup(self, op):
         """Ski rental between first order and the Newton model (:mod:`.prox_newton`) on this working set:
         None when the model does not fit (``c F > NEWTON_FEATURES``), else the first-order iterations to
@@ -444,8 +457,7 @@ class _Run:
         c, F, N = self.problem.program.n_outputs, op.hJ * op.F, op.N_total
         if c * F > NEWTON_FEATURES:
             return None
-        hessian = c * (c + 1) / 2 * op.weighted_gram_cost()
-        step = hessian / (1.5 * GEMM_SPEEDUP[self.device.type]) + MODEL_ITERS * (c * F) ** 2
+        step = self._hessian_work(op) + MODEL_ITERS * (c * F) ** 2
         k = NEWTON_STEPS * step / (2.0 * N * F * c)
         return 0 if k <= FIRST_ORDER_MIN else int(k)
 
