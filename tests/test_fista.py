@@ -23,8 +23,9 @@ def _t(a):
 
 @pytest.mark.parametrize("program", [8, 10, 12])
 @pytest.mark.parametrize("chunk", [None, 7])
-def test_restricted_operator_matches_program(program, chunk):
-    problem = random_problem(program, "squared", "scalar" if program == 8 else "vector", seed=3, N=33, n=5, d=3)
+@pytest.mark.parametrize("d", [3, 100])  # 100: 300 features, a Gram matrix mirrored from its lower triangle in 2 blocks
+def test_restricted_operator_matches_program(program, chunk, d):
+    problem = random_problem(program, "squared", "scalar" if program == 8 else "vector", seed=3, N=33, n=5, d=d)
     p = problem.program
     J, K = torch.arange(p.h), torch.tensor([0, 2, 3])
     op = p.operator("cpu", torch.float64, chunk).restrict(J, K)

@@ -68,7 +68,9 @@ def test_hessian_and_gradient_metric_of_every_loss(name, kind):
 
 @pytest.mark.parametrize("program", [8, 10, 12])
 @pytest.mark.parametrize("chunk", [None, 7])
-@pytest.mark.parametrize("d", [3, 24])  # 24: 72 features, summed by block rows of the upper triangle
+# 24: 72 features, summed by block rows of the upper triangle; 100: 300 features, the lower triangle by BLAS's syrk
+# (weights >= 0 or none, CPU) mirrored 256 rows at a time
+@pytest.mark.parametrize("d", [3, 24, 100])
 def test_weighted_gram_is_the_gram_of_the_weighted_design(program, chunk, d):
     problem = random_problem(program, "squared", "scalar" if program == 8 else "vector", seed=3, N=33, n=5, d=d)
     p = problem.program
