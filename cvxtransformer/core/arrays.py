@@ -20,6 +20,8 @@ F64 = torch.float64
 def from_numpy(a):
     """``torch.from_numpy(a)`` (no copy), also for a read-only array (a problem's own data, a read-only
     memory map) without torch's warning: the core never writes to its data."""
+    if a.flags.writeable:  # no warning to silence (a warnings context costs more than the call)
+        return torch.from_numpy(a)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
         return torch.from_numpy(a)

@@ -148,14 +148,17 @@ class GramSmooth:
         return s * (self.tt - by) - 0.5 * s * s * (self.tt - 2.0 * by + yHy)
 
     def lipschitz_guess(self, g, iterations=20):
-        """``1.05 lambda_max(H)`` by power iteration (backtracking guards the rest)."""
+        """``1.05 lambda_max(H)`` by power iteration, until the estimate moves by less than 1% (backtracking
+        guards the rest)."""
         v = torch.randn(1, self.H.shape[0], dtype=self.H.dtype, device=self.H.device,
                         generator=torch.Generator(device=self.H.device).manual_seed(0))
         lam = 0.0
         for _ in range(iterations):
             w = v @ self.H
-            lam = float(torch.linalg.vector_norm(w))
+            lam, last = float(torch.linalg.vector_norm(w)), lam
             if lam == 0.0:
                 return 1.0
+            if lam - last <= 0.01 * lam:  # ||H v|| only grows along the iteration (v a unit vector)
+                break
             v = w / lam
         return 1.05 * lam
