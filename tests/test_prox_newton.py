@@ -519,9 +519,8 @@ def test_newton_on_support_drops_the_groups_that_leave_and_reaches_the_optimum()
     """A support found early by first order holds every group, of which 5 of 8 are 0 at the optimum (a point near
     the optimum, as a first-order iterate at a gap of a few percent is): plain Newton cannot polish it (a group is
     carried through 0, where phi is not smooth), while with ``drop`` the groups that a full step carries through
-    0, and whose 0 satisfies their KKT condition, leave, and Newton goes on with the others, to the optimum:
-    its KKT conditions hold (stationarity on the support, ``||(H z - b)_g|| <= beta`` off it), and its objective
-    is CVXPY's (Clarabel), computed independently."""
+    0 leave, and Newton goes on with the others, to the optimum: its KKT conditions hold (stationarity on the
+    support, ``||(H z - b)_g|| <= beta`` off it), and its objective is CVXPY's (Clarabel), computed independently."""
     import cvxpy as cp
     from cvxtransformer.solvers.proxgrad.newton import newton_on_support
     rng = np.random.default_rng(13)
