@@ -64,7 +64,8 @@ same to about that, and the line search keeps them descent steps; the gradient, 
 certificate see every sample. Near the optimum of a nearly separable program most samples are light:
 measured on the logistic program (12), N = 10,000, 2,048 active features, 0.001 beta_max, 20% of the
 samples left out of the first Hessian and 56% of the last: 1.90 s -> 1.67 s, the same 10 steps (a
-share of 1e-3 left out 70% and took an extra step; 1e-2, 7 extra steps); the other instances level.
+share of 1e-3 left out 70% and took an extra step; 1e-2, 7 extra steps); the other instances level
+(measured when a sort chose the samples; whole orders of magnitude may leave fewer out).
 
 Loose models in the Hessian's precision: a model of ``LOW_MODEL_FEATURES`` (1,024) features or more
 solved to a relative gap of ``LOW_MODEL_GAP`` (1e-3) or looser (the first steps, where the working
@@ -138,7 +139,7 @@ def light_samples_dropped(W, norms):
     orders of magnitude of ``tr(W_i) ||a_i||^2`` (``norms``: the ``||a_i||^2``), lightest first, for as long as
     together they carry at most ``HESSIAN_MASS`` of ``tr H = sum_i tr(W_i) ||a_i||^2``. Orders of magnitude,
     not a sort: the same guarantee at one pass over the masses (a sort of 50,000 masses took 4.7 ms, more than
-    the Hessian of 3 tokens of 16 it trimmed), within a factor 2 of the lightest samples a sort would find.
+    the Hessian of 3 tokens of 16 it trimmed); whole orders may leave out fewer samples than a sort would.
     The weighted Gram matrices skip them (on a shard: of its own samples' trace)."""
     mass = torch.diagonal(W, dim1=1, dim2=2).sum(dim=1).to(torch.float64) * norms.to(torch.float64)
     order = torch.frexp(mass).exponent  # mass in [2^(e-1), 2^e), or 0
