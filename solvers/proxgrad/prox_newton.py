@@ -142,9 +142,11 @@ def light_samples_dropped(W, norms):
     the Hessian of 3 tokens of 16 it trimmed); whole orders may leave out fewer samples than a sort would.
     The weighted Gram matrices skip them (on a shard: of its own samples' trace)."""
     mass = torch.diagonal(W, dim1=1, dim2=2).sum(dim=1).to(torch.float64) * norms.to(torch.float64)
-    order = torch.frexp(mass).exponent  # mass in [2^(e-1), 2^e), or 0
-    order = torch.where(mass > 0, order, order.min()) if len(order) else order
-    order = (order - order.min()).long() if len(order) else order.long()
+    if not len(mass):
+        return W
+    order = torch.frexp(mass).exponent  # mass in [2^(e-1), 2^e), or 0 (with the lightest)
+    order = torch.where(mass > 0, order, order.min())
+    order = (order - order.min()).long()
     carried = torch.cumsum(torch.bincount(order, weights=mass), 0)  # by order of magnitude, lightest first
     orders = int((carried <= HESSIAN_MASS * mass.sum()).sum())  # carried is nondecreasing
     return W.masked_fill((order < orders)[:, None, None], 0.0) if orders else W
