@@ -140,7 +140,7 @@ def _certify(problem, Z, candidates, tol, refine, refine_time, atol, deadline, t
             refine_time, deadline - time.perf_counter() - (LATE_PASSES + 1) * one_pass)  # + the refined point's pass
         if verdict(primal, dual, tol if auto else REFINE_FLOOR, atol if auto else None)[1] is not None:
             refinement = (0.0, "not needed: the gap is already at " + ("tol" if refine == "auto" else "the floor"))
-        elif primal - dual <= rounding_floor(problem.loss, problem.T):
+        elif primal - dual <= rounding_floor(problem):
             refinement = (0.0, "not needed: the gap is at float64's rounding floor of P")
         elif deadline is not None and allowed < REFINE_PASSES * one_pass:
             refinement = (0.0, f"skipped: the time limit leaves {max(allowed, 0.0):.3g} s, less than the "

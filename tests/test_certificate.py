@@ -128,3 +128,18 @@ def test_screening_keeps_active_groups_at_an_exact_optimum():
         kept, mask = screen_solution(problem, z[None, :])
         np.testing.assert_array_equal(kept[0], z)
         assert not mask.any()
+
+
+def test_group_lasso_kkt_residuals_by_hand():
+    """Stationarity ``max ||G_g - beta z_g / ||z_g|| || / beta`` on the support and feasibility
+    ``max(0, ||G_g|| - beta) / beta`` off it, on numbers worked by hand: beta = 2, the group (3, 4) (direction
+    (0.6, 0.8), so beta times it is (1.2, 1.6)) with G_g = (1.5, 1.6): 0.3 / 2; off the support ||(3, 0)|| = 3:
+    (3 - 2) / 2; a zero Z is all feasibility, a full one all stationarity."""
+    from cvxtransformer.core.regularizers import GroupLasso
+    reg = GroupLasso(2.0)
+    Z = np.array([[3.0, 4.0], [0.0, 0.0], [0.0, 0.0]])
+    G = np.array([[1.5, 1.6], [3.0, 0.0], [1.0, 1.0]])
+    assert reg.kkt_residuals(Z, G) == pytest.approx((0.15, 0.5), abs=1e-15)
+    assert reg.kkt_residuals(np.zeros_like(Z), G) == pytest.approx((0.0, 0.5), abs=1e-15)
+    assert reg.kkt_residuals(Z[:1], G[:1]) == pytest.approx((0.15, 0.0), abs=1e-15)
+    assert reg.kkt_residuals(np.zeros_like(Z), 0.5 * G) == (0.0, 0.0)  # ||G_g|| <= beta everywhere

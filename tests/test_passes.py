@@ -10,8 +10,18 @@ import numpy as np
 import pytest
 
 import cvxtransformer as ct
+from cvxtransformer.core import attention
 from cvxtransformer.core.attention import AttentionOperator
 from cvxtransformer.solvers.proxgrad import ProxGrad
+
+
+@pytest.fixture(autouse=True)
+def restricted_forward(monkeypatch):
+    """These problems are small: below ``RESTRICT_WORK`` multiply-adds a forward pass reads every token (a
+    restricted operator costs more than it saves). Set to 0 here, forward reads only the tokens where Z is
+    nonzero, as on large data, and the counts below say so; test_a_small_certificate_reads_the_data_twice
+    keeps the default."""
+    monkeypatch.setattr(attention, "RESTRICT_WORK", 0)
 
 
 class Counts:
@@ -96,6 +106,18 @@ def test_a_certificate_from_Z_reads_the_data_twice(monkeypatch, program):
     assert cert.to_dict()["recovered_objective_lemma1"] == pytest.approx(
         network_objective(problem, lemma1, lemma1=True), rel=1e-11)
     assert counts.snapshot()["passes"] == pytest.approx(1 + tokens, abs=1e-12) and counts.calls["adjoint"] == 1
+
+
+def test_a_small_certificate_reads_the_data_twice(monkeypatch):
+    """Below RESTRICT_WORK the forward pass reads every token: two whole passes, one forward and one adjoint."""
+    monkeypatch.undo()
+    Z = ct.solve(squared_problem(8), "clarabel", tol=1e-9).Z
+    problem = squared_problem(8)
+    problem.beta_max()
+    assert problem.program.N * problem.program.n * problem.program.d < attention.RESTRICT_WORK
+    counts = Counts(monkeypatch, problem.program.X)
+    ct.certify(problem, Z, refine=False)
+    assert counts.snapshot() == {"forward": 1, "adjoint": 1, "forward_adjoint": 0, "passes": 2.0}
 
 
 def test_a_given_dual_point_costs_an_adjoint_only_where_it_may_beat_the_residual(monkeypatch):

@@ -14,7 +14,6 @@ from cvxtransformer.core.errors import InvalidInputError
 from cvxtransformer.core.losses import get_loss
 from cvxtransformer.solvers.distributed import shard_problem
 from cvxtransformer.solvers.proxgrad import driver, prox_newton
-from cvxtransformer.solvers.proxgrad.smooth import DataSmooth
 
 from conftest import GROUP_LASSO_CASES, MHSA_CASES, case_id, random_problem, random_targets
 from test_distributed import launch
@@ -402,14 +401,14 @@ def test_newton_on_support_ends_where_its_decrement_is_at_phis_rounding(monkeypa
     point (it returned None here, and the point at the third beta took 360 first-order iterations to a
     gap of 9.9e-7 instead of a polish at iteration 120 to 7e-8)."""
     from cvxtransformer.solvers.proxgrad import newton
-    outcomes, real = [], newton.newton_on_support
+    outcomes, real = [], newton._on_support
 
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        outcomes.append((args[0].shape[0], out is not None))
+    def spy(ops, H, *args):
+        out = real(ops, H, *args)
+        outcomes.append((H.shape[0], out is not None))
         return out
 
-    monkeypatch.setattr(newton, "newton_on_support", spy)
+    monkeypatch.setattr(newton, "_on_support", spy)
     problem = random_problem(12, "squared", "vector", seed=5, N=50, n=5, d=3, gates=4, frac=0.2)
     path = ct.solve_path(problem, n_betas=4)
     assert any(features > problem.program.N for features, _ in outcomes)
@@ -548,3 +547,46 @@ def test_newton_on_support_drops_the_groups_that_leave_and_reaches_the_optimum()
     assert np.all(np.linalg.norm(grad[zero], axis=1) <= beta)
     value = 0.5 * np.sum((A @ found.reshape(-1) - y) ** 2) + beta * norms.sum()
     assert value <= best + 1e-7 * abs(best)
+
+
+def test_newton_on_the_host_and_on_a_device_take_the_same_steps(monkeypatch):
+    """The Newton iteration runs in numpy with LAPACK on the CPU (``_Host``) and in torch on a GPU (``_Device``):
+    one algorithm, two sets of array calls. On the same systems (float64 factors, float32 factors refined once,
+    and the drops of a support that still holds groups 0 at the optimum) both reach the same point, and a polish
+    of a FISTA iterate (its support extraction and assembly) gives the same coefficients either way: the device's
+    calls are run here on CPU tensors."""
+    from cvxtransformer.solvers.proxgrad import newton
+    from cvxtransformer.solvers.proxgrad.smooth import GramSmooth
+    rng = np.random.default_rng(21)
+    m, d, N = 8, 4, 200
+    A = rng.standard_normal((N, m * d)) + 0.8 * rng.standard_normal((N, 1))
+    w = np.zeros((m, d))
+    w[:3] = rng.standard_normal((3, d))
+    y = A @ w.reshape(-1) + 0.5 * rng.standard_normal(N)
+    beta = 0.1 * np.max(np.linalg.norm((A.T @ y).reshape(m, d), axis=1))
+    H, b = A.T @ A, A.T @ y
+    z0 = rng.standard_normal((m, d))
+    for factor, drop, scale in ((None, False, 0.01), (torch.float32, False, 0.01), (None, True, 1.0),
+                                (torch.float32, True, 1.0)):  # every group nonzero at 0.001 beta_max; 3 at 0.1
+        host = newton._on_support(newton._Host, H, b, z0, scale * beta, 20, 0.0, None, factor, drop)
+        device = newton._on_support(newton._Device, torch.tensor(H), torch.tensor(b), torch.tensor(z0), scale * beta,
+                                    20, 0.0, None, factor, drop)
+        assert isinstance(host, np.ndarray) and isinstance(device, torch.Tensor)
+        np.testing.assert_allclose(host, device.numpy(), rtol=1e-9, atol=1e-12)
+    assert isinstance(newton.newton_on_support(torch.tensor(H), torch.tensor(b), torch.tensor(z0), 0.01 * beta),
+                      torch.Tensor)
+
+    sm = GramSmooth(torch.tensor(H), torch.tensor(b)[None], float(y @ y), 1, m, d)
+    x = torch.tensor(z0).reshape(1, 1, m, d)
+    x[0, 0, 5:] = 0.0  # a support of 5 groups
+    on_host = newton.polish(sm, x, beta, drop=True)
+    monkeypatch.setattr(newton, "_host", lambda t: False)
+    on_device = newton.polish(sm, x, beta, drop=True)
+    torch.testing.assert_close(on_host, on_device, rtol=1e-9, atol=1e-12)
+    found = on_host.reshape(m, d).numpy()
+    norms = np.linalg.norm(found, axis=1)
+    assert np.all(norms[5:] == 0.0) and np.any(norms[:5] > 0)
+    grad = H @ found.reshape(-1) - b  # stationary on the support it kept: H z - b + beta z_g / ||z_g|| = 0
+    kept = norms > 0
+    np.testing.assert_allclose((grad.reshape(m, d) + beta * found / np.where(kept, norms, 1.0)[:, None])[kept], 0.0,
+                               atol=1e-8 * np.abs(b).max())

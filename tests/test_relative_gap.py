@@ -115,7 +115,7 @@ def test_issue33_scale_rounding_floor_is_said_plainly_and_atol_accepts_it():
     at the floor with a status that says so (not at max_iter), the certificate says so and names an atol."""
     problem = interpolating_problem(1e-12)
     P0 = problem.primal_objective(problem.zeros())
-    floor = rounding_floor(problem.loss, problem.T)
+    floor = rounding_floor(problem)
     assert floor == pytest.approx(1e3 * np.finfo(float).eps * P0, rel=1e-12)
     result = ct.solve(problem, "fista", max_iter=50_000)
     cert = result.certificate

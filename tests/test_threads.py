@@ -48,3 +48,28 @@ def test_solve_and_certify_take_threads_and_leave_the_settings_as_they_were(monk
         ct.solve(problem, "fista", threads=0)
     with pytest.raises(ct.InvalidInputError, match="threads"):
         ct.certify(problem, result.Z, threads=-1)
+
+
+def test_a_block_inside_one_that_set_the_same_threads_leaves_blas_alone(monkeypatch):
+    """threadpoolctl's limit is entered once for nested blocks of the same number (a solve nests four), again
+    where an inner block asks for another number, and the outer setting is back after either."""
+    from cvxtransformer.core import threads
+    entered = []
+    controller = threads._blas()
+    real = type(controller).limit
+
+    def spy(self, *args, **kwargs):
+        entered.append(kwargs.get("limits"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(controller), "limit", spy)
+    blas_before = blas_threads()
+    with limited(1):
+        with limited(1, 10 * SMALL_WORK):
+            with limited(None, SMALL_WORK / 2):  # one thread again
+                assert set(blas_threads().values()) == {1}
+        assert entered == [1]
+        with limited(2, 10 * SMALL_WORK):
+            assert max(blas_threads().values()) <= 2 and torch.get_num_threads() == 2
+        assert entered == [1, 2] and set(blas_threads().values()) == {1} and torch.get_num_threads() == 1
+    assert blas_threads() == blas_before

@@ -40,11 +40,10 @@ def relative_gap(primal, dual):
     return (primal - dual) / dual
 
 
-def rounding_floor(loss, T):
+def rounding_floor(problem):
     """The gap below which float64 cannot resolve P: ``ROUNDING * P(0)``, ``P(0) = L(0)`` the loss at
-    Z = 0 (the scale of the sums whose cancellation rounds P and D; numpy or torch ``T``)."""
-    zero = T * 0
-    return ROUNDING * float(loss.value(zero, T))
+    Z = 0 (the scale of the sums whose cancellation rounds P and D)."""
+    return ROUNDING * problem.loss_at_zero()
 
 
 def verdict(primal, dual, tol, atol=None, floor=0.0):
@@ -297,7 +296,7 @@ def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=N
     No other pass over the data is made here: the recovered heads' objectives are computed when read
     (:class:`RecoveredObjectives`, on ``threads``).
     """
-    loss, reg, T = problem.loss, problem.regularizer, problem.T
+    reg = problem.regularizer
     primal, R, s, residual_dual, G = residual_of(problem, Z) if residual is None else residual
     best = ("residual", R * s, residual_dual, G * s)
     gaps, checked = {}, checked or {}
@@ -309,7 +308,7 @@ def assemble(problem, Z, candidates, tol, refinement=None, atol=None, residual=N
     source, V, dual, scores = best
     gap = primal - dual
     stationarity, feasibility = reg.kkt_residuals(Z, G)
-    relative, by, note = verdict(primal, dual, tol, atol, rounding_floor(loss, T))
+    relative, by, note = verdict(primal, dual, tol, atol, rounding_floor(problem))
     return Certificate(
         primal_objective=primal, dual_objective=dual, duality_gap=gap, relative_gap=relative,
         dual_source=source, residual_relative_gap=relative_gap(primal, residual_dual),

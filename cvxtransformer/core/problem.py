@@ -36,7 +36,7 @@ class ConvexProblem:
 
     def __init__(self, program, loss, T, regularizer, classes=None):
         self.program, self.loss, self.T, self.regularizer, self.classes = program, loss, T, regularizer, classes
-        self._beta_max = self._scores0 = None
+        self._beta_max = self._scores0 = self._value0 = None
         self._mapped = {}  # name -> (array, its fingerprint) of memory-mapped data (checked by check_data)
 
     def check_data(self):
@@ -86,6 +86,12 @@ class ConvexProblem:
             self._beta_max = self.regularizer.dual_norm(self._scores0)
         return self._beta_max
 
+    def loss_at_zero(self):
+        """``P(0) = L(0)``, the loss at Z = 0 (float; computed once, shared with :meth:`with_beta`'s problems)."""
+        if self._value0 is None:
+            self._value0 = float(self.loss.value(np.zeros_like(self.T), self.T))
+        return self._value0
+
     def scores_at_zero(self):
         """``A^T (-grad L(0))`` in the program's shape, as :meth:`beta_max` computed it (read-only; None
         before that: computing it is a pass over the data). The torch backend's first check at Z = 0 reads it."""
@@ -95,7 +101,8 @@ class ConvexProblem:
         """The same data, program and loss with another beta (shares the program)."""
         other = ConvexProblem(self.program, self.loss, self.T, self.regularizer.with_beta(check_beta(beta)),
                               self.classes)
-        other._beta_max, other._scores0, other._mapped = self._beta_max, self._scores0, self._mapped
+        other._beta_max, other._scores0, other._value0 = self._beta_max, self._scores0, self._value0
+        other._mapped = self._mapped
         return other
 
     def with_beta_frac(self, beta_frac):

@@ -79,23 +79,22 @@ class GroupLasso(Regularizer):
         """``max_g ||G_g||_2`` (0 for no groups)."""
         return torch.amax(torch.linalg.vector_norm(G, dim=-1)).to(F64) if G.numel() else torch.zeros((), dtype=F64)
 
-    @numpy_face
     def kkt_residuals(self, Z, G):
         """(stationarity on the support, dual feasibility off it), relative to beta (docs/conventions.md).
 
         ``G = A^T(-grad L(yhat(Z)))``; stationarity ``max ||G_g - beta z_g/||z_g|| ||/beta`` over the
-        support, feasibility ``max(0, ||G_g|| - beta)/beta`` off it.
+        support, feasibility ``max(0, ||G_g|| - beta)/beta`` off it (arrays; floats, in numpy: the verifier's).
         """
-        norms = torch.linalg.vector_norm(Z, dim=-1)
+        Z, G = np.asarray(Z, dtype=float), np.asarray(G, dtype=float)
+        norms = np.linalg.norm(Z, axis=-1)
         support = norms > 0
-        zero = torch.zeros((), dtype=F64, device=Z.device)
-        stationarity = zero
-        if bool(support.any()):
+        stationarity = feasibility = 0.0
+        if support.any():
             direction = Z[support] / norms[support][:, None]
-            stationarity = torch.amax(torch.linalg.vector_norm(G[support] - self.beta * direction, dim=-1))
-        off = torch.linalg.vector_norm(G, dim=-1)[~support]
-        feasibility = torch.amax(torch.clamp_min(off - self.beta, 0.0)) if off.numel() else zero
-        return stationarity.to(F64) / self.beta, feasibility.to(F64) / self.beta
+            stationarity = float(np.max(np.linalg.norm(G[support] - self.beta * direction, axis=-1)))
+        if not support.all():
+            feasibility = max(0.0, float(np.max(np.linalg.norm(G[~support], axis=-1))) - self.beta)
+        return stationarity / self.beta, feasibility / self.beta
 
     @staticmethod
     def support_size(Z):

@@ -42,11 +42,17 @@ def for_work(work, threads=None):
     return torch.get_num_threads() if threads is None else int(threads)
 
 
+_blas_limit = None  # the BLAS limit that the innermost limited() block set (None: none is set)
+
+
 @contextlib.contextmanager
 def limited(threads=None, work=None, device=None):
     """Run the block on :func:`for_work` ``(work, threads)`` CPU threads, torch's and BLAS's, restored after.
 
-    ``device``: the torch device of the block's products; on a GPU nothing changes."""
+    ``device``: the torch device of the block's products; on a GPU nothing changes. A block inside another
+    that set the same number leaves BLAS as it is (threadpoolctl's limit costs about 15 us a call; a solve
+    nests four)."""
+    global _blas_limit
     if device is not None and torch.device(device).type != "cpu":
         yield
         return
@@ -54,9 +60,15 @@ def limited(threads=None, work=None, device=None):
     old = torch.get_num_threads()
     if want != old:
         torch.set_num_threads(want)
+    outer = _blas_limit
     try:
-        with _blas().limit(limits=want, user_api="blas"):
+        if outer == want:
             yield
+        else:
+            with _blas().limit(limits=want, user_api="blas"):
+                _blas_limit = want
+                yield
     finally:
+        _blas_limit = outer
         if want != old:
             torch.set_num_threads(old)

@@ -77,7 +77,7 @@ def gap_at(sm, reg, x):
 
 
 def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9, stall_checks=30, polish=None,
-          floor=math.inf, rounding=0.0, ix=None):
+          floor=math.inf, rounding=0.0, ix=None, first_check=None):
     """Run FISTA on ``sm`` + ``reg`` from ``x`` until the subproblem's relative gap is <= ``tol``.
 
     Parameters
@@ -96,6 +96,8 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
     rounding : gap (absolute) at which P's rounding decides, whatever the relative gap (near
         interpolation, p* far below P(0)): such a gap that stops decreasing is a stall too
     ix : ``sm.image(x)`` when already computed (a pass over the data otherwise)
+    first_check : None, or the iterations of this run after which the gap is checked once besides every
+        ``check_every`` (where a check is cheap and the polish may end the run early)
 
     Returns
     -------
@@ -103,6 +105,7 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
     precision) or the budget that ran out.
     """
     ix = sm.image(x) if ix is None else ix
+    first_check = None if first_check is None else budget.iterations + first_check
     y, iy, t = x, ix, 1.0
     best, stale = math.inf, 0
     if not math.isfinite(L):
@@ -146,7 +149,7 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
         if not sm.quadratic and dd > 0.0 and 0.5 * L * dd > 100.0 * slack * abs(fy):  # the curvature decided
             L = max(LIPSCHITZ_DECAY * L, 1.1 * need)  # L follows a curvature that fell (near-separable classes)
         budget.iterations += 1
-        if budget.iterations % check_every == 0:
+        if budget.iterations % check_every == 0 or budget.iterations == first_check:
             primal, dual = gap_terms(sm, reg, xn, ixn, fxn, g, state)  # dual point V at y: feasible once scaled
             gap = relative_gap(primal, dual)
             if on_check is not None:

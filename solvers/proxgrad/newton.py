@@ -10,9 +10,12 @@ A few damped Newton steps reach it to rounding; whether it is the optimum of the
 is then decided by the certificate (groups off S must satisfy ``||(A^T V)_g|| <= beta``), never
 assumed. This replaces the slow tail of accelerated gradient on ill-conditioned data.
 """
+import math
 import time
 
+import numpy as np
 import torch
+from scipy.linalg import get_lapack_funcs
 
 from cvxtransformer.core.certificate import relative_gap
 
@@ -20,14 +23,16 @@ from .fista import gap_at
 from .smooth import principal
 
 POLISH_GAP = 1e-2  # relative gap below which a stable support (a larger one) is polished
-# A support of at most SMALL_SUPPORT features (in each Newton system) is polished from a gap of SMALL_POLISH_GAP
-# when first seen (its Cholesky costs about one iteration's Python-level calls), the groups that a Newton step
-# carries through 0 dropped on the way (newton_on_support's drop): the
-# support of first order at a gap of a few percent still holds groups that are 0 at the optimum ((8) squared,
-# N=1,000, n=8, d=16, 0.1 beta_max: 8 groups at iteration 15 where 3 remain, polished then instead of at 30 once
-# stable, 5.9 -> 4.6 ms; at rho=0, 4.2 -> 3.4 ms). Not from a larger gap: Newton on a support far from the
-# optimum's runs to its iteration limit (5 groups of 3 at 0.2 gap: 5 ms at N=1,000).
-SMALL_SUPPORT, SMALL_POLISH_GAP = 256, 0.05
+# A support of at most SMALL_SUPPORT features (in each Newton system) is polished when first seen, whatever the gap
+# (its Cholesky costs about one iteration's calls), the groups that a Newton step carries through 0 dropped on the
+# way (newton_on_support's drop): the support of first order after a few iterations still holds groups that are 0
+# at the optimum, and the drops find the optimum's from there ((8) squared, N=1,000, n=8, d=16, 0.1 beta_max, six
+# seeds: polished at iteration 2, the first check of a Gram form, at a gap of 0.3 to 0.6, which ends the solve:
+# 2.9-3.0 ms of CPU at rho=0.8 where a polish from a gap of 0.05, at iteration 15, took 4.8-5.3 ms; at rho=0,
+# 2.6-2.9 ms against 3.7-4.0. N=400, d=6: gaps of 0.9 to 2.6 there, polished at once 2.1 ms, from a gap below 1
+# at iteration 5 or 10, 2.3-2.8 ms). A support that is not the optimum's costs a few Newton steps: the
+# certificate judges the point, and first order goes on from the better one.
+SMALL_SUPPORT, SMALL_POLISH_GAP = 256, math.inf
 # The polish takes POLISH_ITERATIONS Newton steps at most (a support that is not the optimum's fails only when a
 # group leaves it, after every step; from a gap below 0.05 a right one takes 2 to 5, to rounding: the gap of the
 # scaled residual is about the square root of what is left, so no earlier stop); each step on a large support is
@@ -38,12 +43,106 @@ MAX_FEATURES = 1536  # largest support (features) polished: one Cholesky costs F
 ROUNDED_DECREMENT = 1e-10  # relative Newton decrement below which phi's rounding may hide any decrease
 
 
-def _factor(H, blocks, dtype):
-    """Cholesky factor of ``H + blockdiag(blocks)`` (``blocks`` (m, d, d)) in ``dtype``, and its info."""
-    m, d = blocks.shape[:2]
-    hess = H.to(dtype, copy=True)
-    hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0).to(dtype))
-    return torch.linalg.cholesky_ex(hess)
+class _Device:
+    """The Newton iteration's array calls on a torch device (a GPU)."""
+
+    zeros_like, einsum = staticmethod(torch.zeros_like), staticmethod(torch.einsum)
+
+    @staticmethod
+    def flatnonzero(a):
+        return torch.nonzero(a).flatten()
+
+    @staticmethod
+    def arange(n, like):
+        return torch.arange(n, device=like.device)
+
+    @staticmethod
+    def eye(d, like):
+        return torch.eye(d, dtype=like.dtype, device=like.device)
+
+    @staticmethod
+    def norms(z, keepdim=False):
+        return torch.linalg.vector_norm(z, dim=-1, keepdim=keepdim)
+
+    @staticmethod
+    def cast(a, dtype):
+        return a.to(dtype)
+
+    @staticmethod
+    def precision(a):
+        return a.dtype
+
+    principal = staticmethod(principal)
+
+    @staticmethod
+    def factor(H, blocks, dtype):
+        """Cholesky factor of ``H + blockdiag(blocks)`` (``blocks`` (m, d, d)) in ``dtype``, or None where it is not
+        positive definite in that precision."""
+        m, d = blocks.shape[:2]
+        hess = H.to(dtype, copy=True)
+        hess.view(m, d, m, d).diagonal(dim1=0, dim2=2).add_(blocks.permute(1, 2, 0).to(dtype))
+        chol, info = torch.linalg.cholesky_ex(hess)
+        return chol if int(info) == 0 else None
+
+    @staticmethod
+    def solve(chol, rhs):
+        return torch.cholesky_solve(rhs.to(chol.dtype)[:, None], chol)[:, 0]
+
+
+class _Host:
+    """The same calls in numpy, with LAPACK's (scipy's) Cholesky: on the CPU, where each torch call costs a few
+    microseconds more than numpy's (a Newton step on 128 features made 40 of them: 180 -> 80 us) and torch's
+    factorisation took 1.4 to 1.7 times LAPACK's at every size measured (48 to 2,048 features, float32 and
+    float64, one thread; on two threads 12 times at 512)."""
+
+    zeros_like, einsum, flatnonzero = staticmethod(np.zeros_like), staticmethod(np.einsum), staticmethod(np.flatnonzero)
+
+    @staticmethod
+    def arange(n, like):
+        return np.arange(n)
+
+    @staticmethod
+    def eye(d, like):
+        return np.eye(d, dtype=like.dtype)
+
+    @staticmethod
+    def norms(z, keepdim=False):
+        return np.sqrt(np.square(z).sum(-1, keepdims=keepdim))
+
+    @staticmethod
+    def cast(a, dtype):
+        return a.astype(_NUMPY[dtype], copy=False)
+
+    @staticmethod
+    def precision(a):
+        return {np.dtype(v): k for k, v in _NUMPY.items()}[a.dtype]
+
+    @staticmethod
+    def principal(H, idx):
+        return H if len(idx) == H.shape[0] else H[np.ix_(idx, idx)]
+
+    @staticmethod
+    def factor(H, blocks, dtype):
+        m, d = blocks.shape[:2]
+        hess = H.astype(_NUMPY[dtype], order="C")  # a copy: its transpose is the Fortran array LAPACK factors in place
+        i = np.arange(m)
+        hess.reshape(m, d, m, d)[i, :, i, :] += blocks
+        potrf, = get_lapack_funcs(("potrf",), (hess,))
+        chol, info = potrf(hess.T, lower=0, overwrite_a=1, clean=0)  # the upper factor of hess.T = hess
+        return chol if info == 0 else None
+
+    @staticmethod
+    def solve(chol, rhs):
+        potrs, = get_lapack_funcs(("potrs",), (chol,))
+        return potrs(chol, rhs.astype(chol.dtype, copy=False), lower=0)[0]
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _host(t):
+    """Whether the Newton iteration on tensors like ``t`` runs on the host in numpy (:class:`_Host`): on the CPU."""
+    return t.device.type == "cpu"
 
 
 def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, factor=None, drop=False):
@@ -68,56 +167,73 @@ def newton_on_support(H, b, z, beta, iterations=20, stop=0.0, deadline=None, fac
     KKT condition given the others (a group that does not stops the polish or forces a line search through a
     kink) and 5.8-5.9 ms without drops (the support polished once stable).
 
-    Returns the new (m, d) rows, or None when a group would leave the support (the support was
-    not the optimal one; with ``drop``, when no group is left) or the Hessian is not positive definite.
+    Tensors on the CPU are iterated on as numpy arrays (:class:`_Host`, no copy), on a GPU in torch.
+    Returns the new (m, d) rows (a tensor on z's device), or None when a group would leave the support (the
+    support was not the optimal one; with ``drop``, when no group is left) or the Hessian is not positive
+    definite.
     """
+    host = _host(z)
+    ops = _Host if host else _Device
+    H, b, rows = (H.numpy(), b.numpy(), z.numpy()) if host else (H, b, z)
+    out = _on_support(ops, H, b, rows, beta, iterations, stop, deadline, factor, drop)
+    return torch.from_numpy(out) if host and out is not None else out
+
+
+def _on_support(ops, H, b, z, beta, iterations, stop, deadline, factor, drop):
+    """:func:`newton_on_support` on ``ops``'s arrays."""
     if not drop:
-        return _newton(H, b, z, beta, iterations, stop, deadline, factor, False)
-    d, alive, rows = z.shape[1], torch.arange(z.shape[0], device=z.device), z
+        return _newton(ops, H, b, z, beta, iterations, stop, deadline, factor, False)
+    d, rows = z.shape[1], z
+    alive, arange = ops.arange(z.shape[0], z), ops.arange(d, z)
     while len(alive):
-        idx = (alive[:, None] * d + torch.arange(d, device=z.device)).reshape(-1)
-        found = _newton(principal(H, idx), b.index_select(0, idx), rows, beta, iterations, stop, deadline, factor, True)
+        idx = (alive[:, None] * d + arange).reshape(-1)
+        found = _newton(ops, ops.principal(H, idx), b[idx], rows, beta, iterations, stop, deadline, factor, True)
         if not isinstance(found, tuple):
-            return None if found is None else torch.zeros_like(z).index_copy_(0, alive, found)
+            if found is None:
+                return None
+            out = ops.zeros_like(z)
+            out[alive] = found
+            return out
         leaving, rows = found  # on from the point reached, without the groups that leave
         alive, rows = alive[~leaving], rows[~leaving]
     return None
 
 
-def _newton(H, b, z, beta, iterations, stop, deadline, factor, crossing):
-    """:func:`newton_on_support`'s iterations; ``crossing``: where the full step carries groups through 0,
-    return ``(leaving, z)`` (those groups, a boolean mask, and the point reached) instead of stepping."""
+def _newton(ops, H, b, z, beta, iterations, stop, deadline, factor, crossing):
+    """:func:`newton_on_support`'s iterations on ``ops``'s arrays; ``crossing``: where the full step carries
+    groups through 0, return ``(leaving, z)`` (those groups, a boolean mask, and the point reached) instead of
+    stepping."""
     m, d = z.shape
-    eye = torch.eye(d, dtype=z.dtype, device=z.device)
-    low = factor is not None and factor != H.dtype
+    eye = ops.eye(d, z)
+    work = ops.precision(H)
+    low = factor is not None and factor != work
     Hz = H @ z.reshape(-1)  # follows the steps: phi along a step is a quadratic in t plus the norms
-    norm_sum = float(torch.linalg.vector_norm(z, dim=-1).sum())
+    norm_sum = float(ops.norms(z).sum())
     value = float(0.5 * z.reshape(-1) @ Hz - b @ z.reshape(-1)) + beta * norm_sum
     for _ in range(iterations):
         if deadline is not None and time.perf_counter() >= deadline:
             return z
-        norms = torch.linalg.vector_norm(z, dim=-1, keepdim=True)
+        norms = ops.norms(z, keepdim=True)
         u = z / norms
         smooth_grad = Hz - b
         grad = smooth_grad + beta * u.reshape(-1)
-        blocks = beta * (eye - u[:, :, None] * u[:, None, :]) / norms[:, :, None]
-        if low:
-            chol, info = _factor(H, blocks, factor)
-            low = int(info) == 0
+        blocks = (eye - u[:, :, None] * u[:, None, :]) * (beta / norms[:, :, None])
+        chol = ops.factor(H, blocks, factor) if low else None
+        low = chol is not None
         if not low:
-            chol, info = _factor(H, blocks, H.dtype)
-            if int(info) != 0:
+            chol = ops.factor(H, blocks, work)
+            if chol is None:
                 return None
-        step = -torch.cholesky_solve(grad.to(chol.dtype)[:, None], chol)[:, 0].to(H.dtype)
+        step = -ops.cast(ops.solve(chol, grad), work)
         if low:  # one step of iterative refinement in H's precision
-            residual = grad + H @ step + torch.einsum("gij,gj->gi", blocks, step.view(m, d)).reshape(-1)
-            step = step - torch.cholesky_solve(residual.to(chol.dtype)[:, None], chol)[:, 0].to(H.dtype)
+            residual = grad + H @ step + ops.einsum("gij,gj->gi", blocks, step.reshape(m, d)).reshape(-1)
+            step = step - ops.cast(ops.solve(chol, residual), work)
         decrease = float(grad @ step)
         if -decrease <= 1e-15 * max(1.0, abs(value)):
             return z
-        step = step.view(m, d)
+        step = step.reshape(m, d)
         if crossing:  # the groups the full step carries through 0 leave
-            leaving = torch.sum((z + step) * z, dim=-1) < 0
+            leaving = ((z + step) * z).sum(-1) < 0
             if bool(leaving.any()):
                 return leaving, z
         Hs = H @ step.reshape(-1)
@@ -125,7 +241,7 @@ def _newton(H, b, z, beta, iterations, stop, deadline, factor, crossing):
         t = 1.0
         while t > 1e-4:
             trial = z + t * step
-            trial_norms = torch.linalg.vector_norm(trial, dim=-1)
+            trial_norms = ops.norms(trial)
             if bool((trial_norms > 0).all()):
                 trial_sum = float(trial_norms.sum())
                 change = t * linear + 0.5 * t * t * curvature + beta * (trial_sum - norm_sum)  # phi(trial) - phi(z)
@@ -155,35 +271,37 @@ def polish(sm, x, beta, stop=0.0, max_features=MAX_FEATURES, iterations=20, dead
     """
     if getattr(sm, "coupled", False):
         return _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor, work)
-    x4 = sm.to_canonical(x)  # (|J|, c, |K|, d)
-    hJ, c, nK, d = x4.shape
-    nz = torch.linalg.vector_norm(x4, dim=-1) > 0  # (|J|, c, |K|)
-    J = torch.nonzero(nz.any(dim=(1, 2))).flatten()
-    K = torch.nonzero(nz.any(dim=(0, 1))).flatten()
+    host = _host(x)  # on the CPU, in numpy (no copy): the calls of newton_on_support's _Host
+    ops = _Host if host else _Device
+    x4 = sm.to_canonical(x)
+    xs = x4.numpy() if host else x4  # (|J|, c, |K|, d)
+    hJ, c, nK, d = xs.shape
+    nz = ops.norms(xs) > 0  # (|J|, c, |K|)
+    J, K = ops.flatnonzero(nz.any((1, 2))), ops.flatnonzero(nz.any((0, 1)))
     if len(J) == 0 or len(J) * len(K) * d > max_features:
         return None
-    system = sm.support_system(J, K)
+    system = sm.support_system(*((torch.from_numpy(J), torch.from_numpy(K)) if host else (J, K)))
     if system is None:
         return None
-    H, B = system
-    sub = x4.index_select(0, J).index_select(2, K)  # (J', c, K', d)
-    out = torch.zeros(c, len(J) * len(K), d, dtype=x.dtype, device=x.device)
-    arange = torch.arange(d, device=x.device)
+    H, B = (a.numpy() for a in system) if host else system
+    sub = xs[J][:, :, K]  # (J', c, K', d)
+    out, arange = ops.zeros_like(sub), ops.arange(d, xs)
     for l in range(c):
         groups = sub[:, l].reshape(-1, d)  # (J' K', d), order (j, k)
-        S = torch.nonzero(torch.linalg.vector_norm(groups, dim=-1) > 0).flatten()
+        S = ops.flatnonzero(ops.norms(groups) > 0)
         if len(S) == 0:
             continue
-        idx = (S[:, None] * d + arange[None, :]).reshape(-1)
-        z = newton_on_support(principal(H, idx).to(work), B[l].index_select(0, idx).to(work), groups[S].to(work), beta,
-                              iterations, stop, deadline, factor, drop)
+        idx = (S[:, None] * d + arange).reshape(-1)
+        z = _on_support(ops, ops.cast(ops.principal(H, idx), work), ops.cast(B[l][idx], work),
+                        ops.cast(groups[S], work), beta, iterations, stop, deadline, factor, drop)
         if z is None:
             return None
-        out[l, S] = z.to(x.dtype)
-    out = out.view(c, len(J), len(K), d).transpose(0, 1)
-    full = torch.zeros_like(x4)
-    blockJ = torch.zeros(hJ, c, len(K), d, dtype=x.dtype, device=x.device).index_copy_(0, J, out)
-    return sm.from_canonical(full.index_copy_(2, K, blockJ))
+        rows = ops.zeros_like(groups)
+        rows[S] = ops.cast(z, ops.precision(rows))
+        out[:, l] = rows.reshape(len(J), len(K), d)
+    full = ops.zeros_like(xs)
+    full[J[:, None], :, K[None, :]] = out.swapaxes(1, 2)  # (J', K', c, d): the advanced indices' axes come first
+    return sm.from_canonical(torch.from_numpy(full) if host else full)
 
 
 def _polish_coupled(sm, x, beta, stop, max_features, iterations, deadline, factor, work):
