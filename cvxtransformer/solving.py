@@ -139,31 +139,34 @@ def solve(problem, solver="auto", form="primal", tol=1e-6, verbose=False, screen
     backend = get_solver(solver, auto=True)
     backend.validate(problem, form, options)
     program = problem.program
-    start = time.perf_counter()
-    limit = options.get("time_limit")  # the whole call ends within time_limit + refine_time (+ a few passes)
-    deadline = None if limit is None else start + float(limit) + float(refine_time)
-    screened = formulation = None
-    if problem.beta >= problem.beta_max():
-        Z, V, status, times, iterations, history = (problem.zeros(), None, "zero (beta >= beta_max)",
-                                                    (0.0, 0.0), 0, [])
-    else:
-        what = (f"{solver} on the {form} of {program.label}, N = {program.N} samples, Z of shape {program.shape} "
-                f"({int(np.prod(program.shape))} coefficients)")
-        extra = {}
-        if backend.name == "fista":  # its stop at atol, its threads; no V that the verifier computes from Z itself
-            extra = dict(threads=threads, residual_dual=False, **({} if atol is None else {"atol": atol}))
-        with heartbeat(what, heartbeat_after), limited(threads):
-            out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **extra, **options)
-        Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
-        if Z is None:  # the backend's time limit came before any solution: Z = 0 is certified, nothing refined
-            Z, refine = problem.zeros(), False
-        times, screened, formulation = (out.build_seconds, out.solve_seconds), out.screened, out.formulation
-        if screen and screened is None:
-            Z, screened = screen_solution(problem, Z, V)
-    cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol, deadline=deadline,
-                   threads=threads)
-    if screened is None:  # at the certificate's dual point, whose scores A^T V it computed
-        screened = gap_safe_screen(problem, cert.V, cert.duality_gap, cert.G)
+    # one thread policy for the backend and the verification: the blocks they open inside this one, of the same
+    # number, leave BLAS as it is
+    with limited(threads):
+        start = time.perf_counter()
+        limit = options.get("time_limit")  # the whole call ends within time_limit + refine_time (+ a few passes)
+        deadline = None if limit is None else start + float(limit) + float(refine_time)
+        screened = formulation = None
+        if problem.beta >= problem.beta_max():
+            Z, V, status, times, iterations, history = (problem.zeros(), None, "zero (beta >= beta_max)",
+                                                        (0.0, 0.0), 0, [])
+        else:
+            what = (f"{solver} on the {form} of {program.label}, N = {program.N} samples, Z of shape {program.shape} "
+                    f"({int(np.prod(program.shape))} coefficients)")
+            extra = {}
+            if backend.name == "fista":  # its stop at atol, its threads; no V that the verifier computes from Z itself
+                extra = dict(threads=threads, residual_dual=False, **({} if atol is None else {"atol": atol}))
+            with heartbeat(what, heartbeat_after):
+                out = backend.solve(problem, form=form, tol=tol, verbose=verbose, **extra, **options)
+            Z, V, status, iterations, history = out.Z, out.V, out.status, out.iterations, out.history
+            if Z is None:  # the backend's time limit came before any solution: Z = 0 is certified, nothing refined
+                Z, refine = problem.zeros(), False
+            times, screened, formulation = (out.build_seconds, out.solve_seconds), out.screened, out.formulation
+            if screen and screened is None:
+                Z, screened = screen_solution(problem, Z, V)
+        cert = certify(problem, Z, V=V, tol=tol, refine=refine, refine_time=refine_time, atol=atol, deadline=deadline,
+                       threads=threads)
+        if screened is None:  # at the certificate's dual point, whose scores A^T V it computed
+            screened = gap_safe_screen(problem, cert.V, cert.duality_gap, cert.G)
     V_out = cert.V[:, 0] if program.scalar_output else cert.V
     return SolveResult(program=program.name, loss=problem.loss.name, form=form, solver=solver, solver_choice=choice,
                        beta=problem.beta, Z=Z, V=V_out, status=status, certificate=cert,

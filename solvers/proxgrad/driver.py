@@ -334,9 +334,11 @@ class _Run:
             self.last_iters = budget.iterations - it0
             block = sm.to_canonical(x).to(F64)
             self.x = self.ws.embed(block, key)
-            Yhat = None
-            if self.dtype == F64 and method_used != "gram":  # A x in float64 is at hand: reuse it
-                Yhat = ix
+            # A x in float64 is at hand: the check reuses it (one pass, the adjoint), unless the check should end the
+            # solve (a settled set solved to tol) and can be the verifier's own (residual_of, two passes), which
+            # cvxtransformer.solve's certificate reads back: with A x reused, the certificate read the data twice more
+            last = settled and reason == "converged" and self.cert.verifier
+            Yhat = ix if self.dtype == F64 and method_used != "gram" and not last else None
 
     def _scores_at_zero(self, o):
         """``A^T (-grad L(0))`` (canonical, float64, on the device) when the solve starts at 0 and

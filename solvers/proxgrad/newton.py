@@ -91,9 +91,10 @@ class _Device:
 
 class _Host:
     """The same calls in numpy, with LAPACK's (scipy's) Cholesky: on the CPU, where each torch call costs a few
-    microseconds more than numpy's (a Newton step on 128 features made 40 of them: 180 -> 80 us) and torch's
-    factorisation took 1.4 to 1.7 times LAPACK's at every size measured (48 to 2,048 features, float32 and
-    float64, one thread; on two threads 12 times at 512)."""
+    microseconds more than numpy's (a Newton step makes about 40) and torch's factorisation took 1.4 to 1.7 times
+    LAPACK's at every size measured (48 to 2,048 features, float32 and float64, one thread; on two threads 12
+    times at 512). One thread, 8 groups of 16 features on 1,000 correlated samples: a Newton solve to rounding
+    0.43 ms against 1.0 ms in torch; with drops down to one group, 0.44 ms against 1.6 ms."""
 
     zeros_like, einsum, flatnonzero = staticmethod(np.zeros_like), staticmethod(np.einsum), staticmethod(np.flatnonzero)
 
@@ -115,7 +116,7 @@ class _Host:
 
     @staticmethod
     def precision(a):
-        return {np.dtype(v): k for k, v in _NUMPY.items()}[a.dtype]
+        return _TORCH[a.dtype]
 
     @staticmethod
     def principal(H, idx):
@@ -138,6 +139,7 @@ class _Host:
 
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+_TORCH = {np.dtype(v): k for k, v in _NUMPY.items()}
 
 
 def _host(t):
