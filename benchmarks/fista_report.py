@@ -222,7 +222,7 @@ HOW = [
     "point so far: exactly what the verifier recomputes) and stop when the relative gap <= tol. Budgets "
     "(`max_iter`, `time_limit`) end the solve with a status that says so and `certified: false`. The first check, "
     "at Z = 0, reads the scores `beta_max()` computed (no pass); on the CPU in float64 a check is the verifier's own "
-    "`residual_of` of Z (a forward pass over the tokens where Z is nonzero, one adjoint), which the verifier "
+    "`residual_of` of Z (a forward pass, over the tokens where Z is nonzero on large data, and one adjoint), which the verifier "
     "remembers by Z's values: `ct.solve`'s certificate of the Z returned reads no more data.",
     "2. Gap-safe screening discards groups proved zero (exact operator norms along a path, a Frobenius bound "
     "otherwise).",

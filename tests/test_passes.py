@@ -1,5 +1,5 @@
 """Passes over the data: a certificate from Z reads the data twice at most (the forward pass for P(Z) and
-the residual, which reads the tokens where Z is nonzero only, and one adjoint for the dual point's
+the residual, which reads the tokens where Z is nonzero only on large data, and one adjoint for the dual point's
 feasibility), and ``ct.solve`` adds no other pass to its backend's.
 
 An operator that counts its calls (forward, adjoint, forward_adjoint) and the entries of X it reads (in
@@ -142,16 +142,10 @@ def test_a_given_dual_point_costs_an_adjoint_only_where_it_may_beat_the_residual
     assert cert.dual_source == "given" and cert.dual_objective == pytest.approx(own.dual_objective, rel=1e-12)
 
 
-@pytest.mark.parametrize("program", [8, 12])
-def test_solve_reads_no_data_after_its_backend(monkeypatch, program):
-    """The torch backend's last certified check on the CPU in float64 is the verifier's own ``residual_of``
-    of the point it returns: ct.solve's certificate of that Z reads no more data, and it equals the
-    certificate that a problem which saw no solve computes from Z in two passes."""
-    problem = squared_problem(program)
-    problem.beta_max()
-    counts = Counts(monkeypatch, problem.program.X)
-    at_return = {}
-    solve = ProxGrad.solve
+def solve_counting(monkeypatch, problem):
+    """``ct.solve(problem, "fista")`` with the reads of X counted: the result, the counts, and the counts when the
+    backend returned."""
+    counts, at_return, solve = Counts(monkeypatch, problem.program.X), {}, ProxGrad.solve
 
     def solve_and_count(self, *args, **kwargs):
         out = solve(self, *args, **kwargs)
@@ -159,7 +153,17 @@ def test_solve_reads_no_data_after_its_backend(monkeypatch, program):
         return out
 
     monkeypatch.setattr(ProxGrad, "solve", solve_and_count)
-    result = ct.solve(problem, "fista")
+    return ct.solve(problem, "fista"), counts, at_return
+
+
+@pytest.mark.parametrize("program", [8, 12])
+def test_solve_reads_no_data_after_its_backend(monkeypatch, program):
+    """The torch backend's last certified check on the CPU in float64 is the verifier's own ``residual_of``
+    of the point it returns: ct.solve's certificate of that Z reads no more data, and it equals the
+    certificate that a problem which saw no solve computes from Z in two passes."""
+    problem = squared_problem(program)
+    problem.beta_max()
+    result, counts, at_return = solve_counting(monkeypatch, problem)
     assert result.certified and result.certificate.refine_status.startswith("not needed")
     assert counts.snapshot() == at_return
     fresh = squared_problem(program)
@@ -244,16 +248,7 @@ def test_a_logistic_solve_reads_no_data_after_its_backend(monkeypatch, program):
     y = np.where(X[:, 1] @ rng.standard_normal(d) + X[:, 4] @ rng.standard_normal(d) + 0.3 * rng.standard_normal(N) >= 0,
                  1.0, -1.0)
     problem = ct.make_problem(X, y, program=program, loss="logistic", beta_frac=0.1, gates=3)
-    counts = Counts(monkeypatch, problem.program.X)
-    at_return, solve = {}, ProxGrad.solve
-
-    def solve_and_count(self, *args, **kwargs):
-        out = solve(self, *args, **kwargs)
-        at_return.update(counts.snapshot())
-        return out
-
-    monkeypatch.setattr(ProxGrad, "solve", solve_and_count)
-    result = ct.solve(problem, "fista")
+    result, counts, at_return = solve_counting(monkeypatch, problem)
     assert result.certified and {h.method for h in result.history} >= {"newton"}
     assert counts.snapshot() == at_return
     fresh = ct.make_problem(X, y, program=program, loss="logistic", beta_frac=0.1, gates=3)

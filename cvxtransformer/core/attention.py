@@ -238,8 +238,9 @@ class AttentionOperator(_SampleOperator):
         return Xc.reshape(e - s, self.F).to(self.device, non_blocking=True)
 
     def forward(self, Z):
-        """``yhat`` of shape (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``. Only the gates and tokens where Z
-        is nonzero are read (data on the device: in place)."""
+        """``yhat`` of shape (N, c) from ``Z`` of shape ``(|J|, c, |K|, d)``. Where the product is over
+        ``RESTRICT_WORK`` multiply-adds, only the gates and tokens where Z is nonzero are read (data on the device:
+        in place)."""
         if not self.streams and self.N * self.hJ * self.c * self.F > RESTRICT_WORK:
             nz = torch.linalg.vector_norm(Z, dim=-1) > 0  # (|J|, c, |K|)
             J, K = torch.nonzero(nz.any(dim=(1, 2))).flatten(), torch.nonzero(nz.any(dim=(0, 1))).flatten()
