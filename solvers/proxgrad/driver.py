@@ -72,8 +72,7 @@ PASS_RATE, ITER_SECONDS, SETTLE_ITERS = 1e9, 1e-4, 10
 # 3x too high, and a working set of 13 tokens of 64 at N = 1,000 stayed on the data path, 86 -> 64 ms a solve)
 UNGATED_GRAM = 0.7
 # A first-order run on a Gram form checks its gap once after this many iterations, besides every check_every / 2:
-# a check there reads no data, and a small support is polished from it ((8) squared, N=1,000, n=8, d=16, 0.1
-# beta_max, six seeds: the polish from iteration 2 ends the solve, 4.4-5.1 -> 3.3-3.4 ms at rho=0.8)
+# a check there reads no data, and a small support is polished from it (the measurements: newton.SMALL_POLISH_GAP)
 GRAM_FIRST_CHECK = 2
 
 
