@@ -230,3 +230,20 @@ def test_issue33_distributed_result_records_the_rows_each_process_read(tmp_path,
     assert_one_line_error(code, err, "verify", rf"RESULT: it was solved on other data: {where} differs from DATA's")
     code, out, err = cli("verify", str(other), str(result), *ARGS)
     assert code == 0 and err == "" and json.loads(out)["data_fingerprint"].startswith("checked"), err
+
+
+def test_read_only_arrays_reach_torch_without_a_copy_or_a_warning(monkeypatch):
+    """A problem's read-only arrays become tensors that share their memory, with no warning said (torch says one
+    per process about read-only arrays: silenced); once it has been said, no warnings context is entered."""
+    import warnings
+
+    from cvxtransformer.core import arrays
+    a = np.arange(6.0)
+    a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = arrays.from_numpy(a)
+        assert t.data_ptr() == a.ctypes.data and t.tolist() == a.tolist()
+        assert arrays._READ_ONLY_SAID == [True]
+        monkeypatch.setattr(warnings, "catch_warnings", None)  # entered again: a TypeError
+        assert arrays.from_numpy(a).data_ptr() == a.ctypes.data

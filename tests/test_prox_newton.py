@@ -549,6 +549,66 @@ def test_newton_on_support_drops_the_groups_that_leave_and_reaches_the_optimum()
     assert value <= best + 1e-7 * abs(best)
 
 
+def test_after_a_drop_newton_goes_on_from_the_full_step_of_the_groups_that_stay(monkeypatch):
+    """The drop test's support (8 groups, 5 of them 0 at the optimum): the second Newton solve starts where the
+    first one's full step takes the groups that stay, ``z + step`` with ``step = -hess^-1 grad`` computed here from
+    their definitions (hess = H + blockdiag(beta (I - u u^T) / ||z_g||), grad = H z - b + beta u)."""
+    from cvxtransformer.solvers.proxgrad import newton
+    rng = np.random.default_rng(13)
+    m, d, N = 8, 4, 200
+    A = rng.standard_normal((N, m * d)) + 0.8 * rng.standard_normal((N, 1))
+    y = A[:, :3 * d] @ rng.standard_normal(3 * d) + 0.5 * rng.standard_normal(N)
+    beta = 0.1 * np.max(np.linalg.norm((A.T @ y).reshape(m, d), axis=1))
+    H, b = A.T @ A, A.T @ y
+    starts, real = [], newton._newton
+
+    def spy(ops, H_, b_, z, *args):
+        starts.append(np.array(z))
+        return real(ops, H_, b_, z, *args)
+
+    monkeypatch.setattr(newton, "_newton", spy)
+    z0 = 0.05 * rng.standard_normal((m, d))
+    newton.newton_on_support(torch.tensor(H), torch.tensor(b), torch.tensor(z0), beta, drop=True)
+    assert len(starts) >= 2 and len(starts[1]) < m
+    norms = np.linalg.norm(z0, axis=1, keepdims=True)
+    u = z0 / norms
+    hess = H.copy()
+    for g in range(m):
+        hess[g * d:(g + 1) * d, g * d:(g + 1) * d] += beta * (np.eye(d) - np.outer(u[g], u[g])) / norms[g]
+    step = -np.linalg.solve(hess, H @ z0.reshape(-1) - b + beta * u.reshape(-1)).reshape(m, d)
+    stay = np.sum((z0 + step) * z0, axis=1) >= 0
+    np.testing.assert_allclose(starts[1], (z0 + step)[stay], rtol=1e-9, atol=1e-12)
+
+
+def test_a_full_newton_step_of_a_settled_decrement_ends_the_solve(monkeypatch):
+    """A full step whose decrement is at most ``SETTLED`` of phi ends the solve: without that rule the solve takes
+    exactly one factorisation more (the step that finds the decrement at phi's rounding), and reaches the same
+    point to rounding; the point is stationary (checked from the definition)."""
+    from cvxtransformer.solvers.proxgrad import newton
+    rng = np.random.default_rng(3)
+    m, d, beta = 12, 4, 0.05
+    A = rng.standard_normal((200, m * d))
+    H, b = torch.tensor(A.T @ A), torch.tensor(A.T @ rng.standard_normal(200))
+    z0 = torch.tensor(rng.standard_normal((m, d)))
+    count, real = [0], newton._Host.factor
+
+    def counted(*args):
+        count[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(newton._Host, "factor", staticmethod(counted))
+    settled = newton.newton_on_support(H, b, z0, beta)
+    with_rule = count[0]
+    monkeypatch.setattr(newton, "SETTLED", 0.0)
+    count[0] = 0
+    rounded = newton.newton_on_support(H, b, z0, beta)
+    assert count[0] == with_rule + 1
+    torch.testing.assert_close(settled, rounded, rtol=1e-12, atol=1e-14)
+    unit = settled / torch.linalg.vector_norm(settled, dim=-1, keepdim=True)
+    stationarity = H @ settled.reshape(-1) - b + beta * unit.reshape(-1)
+    assert float(torch.linalg.vector_norm(stationarity)) <= 1e-9 * float(torch.linalg.vector_norm(b))
+
+
 def test_newton_on_the_host_and_on_a_device_take_the_same_steps(monkeypatch):
     """The Newton iteration runs in numpy with LAPACK on the CPU (``_Host``) and in torch on a GPU (``_Device``):
     one algorithm, two sets of array calls. On the same systems (float64 factors, float32 factors refined once,

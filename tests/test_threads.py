@@ -73,3 +73,30 @@ def test_a_block_inside_one_that_set_the_same_threads_leaves_blas_alone(monkeypa
             assert max(blas_threads().values()) <= 2 and torch.get_num_threads() == 2
         assert entered == [1, 2] and set(blas_threads().values()) == {1} and torch.get_num_threads() == 1
     assert blas_threads() == blas_before
+
+
+def test_a_block_whose_number_blas_already_runs_on_sets_nothing(monkeypatch):
+    """Where every BLAS library already runs on the number a block asks for (a caller's own threadpoolctl limit, as
+    the benchmarks set), threadpoolctl's limit is not entered, and the setting is the same inside and after; where
+    one does not, it is entered and restored."""
+    from threadpoolctl import threadpool_limits
+
+    from cvxtransformer.core import threads
+    entered = []
+    controller = threads._blas()
+    real = type(controller).limit
+
+    def spy(self, *args, **kwargs):
+        entered.append(kwargs.get("limits"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(controller), "limit", spy)
+    with threadpool_limits(limits=1, user_api="blas"):
+        with limited(1):
+            assert set(blas_threads().values()) == {1}
+        assert entered == [] and set(blas_threads().values()) == {1}
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()  # (a single-threaded build stays at 1)
+        with limited(1, 10 * SMALL_WORK):
+            assert set(blas_threads().values()) == {1}
+        assert entered == [1] and blas_threads() == before and 2 in before.values()

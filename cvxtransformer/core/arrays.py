@@ -17,14 +17,22 @@ from .errors import invalid
 F64 = torch.float64
 
 
+_READ_ONLY_SAID = []  # [True] once torch has said (silenced) the one warning it says about read-only arrays
+
+
 def from_numpy(a):
     """``torch.from_numpy(a)`` (no copy), also for a read-only array (a problem's own data, a read-only
-    memory map) without torch's warning: the core never writes to its data."""
-    if a.flags.writeable:  # no warning to silence (a warnings context costs more than the call)
+    memory map) without torch's warning: the core never writes to its data. torch says it once per process;
+    once it has (silenced here, or said before), no warnings context is entered (it costs 5 times the call)."""
+    if a.flags.writeable or _READ_ONLY_SAID:  # no warning to silence
         return torch.from_numpy(a)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-        return torch.from_numpy(a)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.filterwarnings("always", "The given NumPy array is not writable", UserWarning)
+        out = torch.from_numpy(a)
+        torch.from_numpy(a)
+    if len(said) <= 1:  # said at most once in two calls: torch's once per process (a torch that says it at every
+        _READ_ONLY_SAID.append(True)  # call keeps the context)
+    return out
 
 
 def to_tensor(a, dtype=F64, device="cpu"):
@@ -32,13 +40,16 @@ def to_tensor(a, dtype=F64, device="cpu"):
     if isinstance(a, torch.Tensor):
         return a.to(dtype=dtype, device=device)
     a = np.ascontiguousarray(a, dtype=np.float64)
+    if dtype == F64 and device == "cpu":  # (the calls that would change nothing cost a few us)
+        return from_numpy(a)
     return from_numpy(a).to(dtype=dtype, device=device)
 
 
 def to_numpy(out):
     """Tensors (and tuples of them) back to ndarrays; 0-d tensors to Python floats."""
     if isinstance(out, torch.Tensor):
-        out = out.detach().cpu()
+        if out.requires_grad or out.device.type != "cpu":
+            out = out.detach().cpu()
         return out.item() if out.ndim == 0 else out.numpy()
     if isinstance(out, tuple):
         return tuple(to_numpy(o) for o in out)
@@ -53,8 +64,9 @@ def numpy_face(method):
     """
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        if any(isinstance(a, torch.Tensor) for a in args):
-            return method(self, *args, **kwargs)
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                return method(self, *args, **kwargs)
         args = [to_tensor(a) if isinstance(a, np.ndarray) else a for a in args]
         return to_numpy(method(self, *args, **kwargs))
 

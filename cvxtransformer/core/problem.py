@@ -78,12 +78,14 @@ class ConvexProblem:
         return self.loss.dual_variable(self.program.forward(Z), self.T)
 
     def beta_max(self):
-        """Smallest beta for which Z = 0 is optimal: ``dual_norm(A^T (-grad L(0)))``."""
+        """Smallest beta for which Z = 0 is optimal: ``dual_norm(A^T (-grad L(0)))`` (computed once, with the scores
+        at zero and P(0), :meth:`loss_at_zero`: the three values at Z = 0 that a solve from 0 starts with)."""
         if self._beta_max is None:
             zero = np.zeros_like(self.T)
             self._scores0 = self.program.adjoint(self.loss.dual_variable(zero, self.T))
             self._scores0.flags.writeable = False
             self._beta_max = self.regularizer.dual_norm(self._scores0)
+            self.loss_at_zero()
         return self._beta_max
 
     def loss_at_zero(self):

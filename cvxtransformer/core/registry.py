@@ -52,6 +52,7 @@ ENTRY_POINTS = "cvxtransformer.families"  # the entry-point group of the familie
 ENTRY_POINT_ERRORS = {}  # "name = module:callable" -> the line said when calling it failed
 _FAMILIES = {}
 _ENTRY_POINTS_CALLED = []  # [True] once the entry points were called
+_IMPORTED = set()  # the modules of MODULES that families() imported
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,10 @@ def call_entry_points():
 def families():
     """Every registered family, by name: the built-in ones (their modules imported) and those of the
     installed packages' entry points (:func:`call_entry_points`)."""
-    for module in MODULES:
-        importlib.import_module(module)
+    if len(_IMPORTED) < len(MODULES):  # (import_module of an imported module still costs a few us a call)
+        for module in MODULES:
+            importlib.import_module(module)
+            _IMPORTED.add(module)
     call_entry_points()
     return dict(_FAMILIES)
 

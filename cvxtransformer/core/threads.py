@@ -42,6 +42,11 @@ def for_work(work, threads=None):
     return torch.get_num_threads() if threads is None else int(threads)
 
 
+def _blas_libraries():
+    """threadpoolctl's controllers of the BLAS libraries loaded."""
+    return [lib for lib in _blas().lib_controllers if lib.user_api == "blas"]
+
+
 _blas_limit = None  # the BLAS limit that the innermost limited() block set (None: none is set)
 
 
@@ -62,8 +67,8 @@ def limited(threads=None, work=None, device=None):
         torch.set_num_threads(want)
     outer = _blas_limit
     try:
-        if outer == want:
-            yield
+        if outer == want or all(lib.get_num_threads() == want for lib in _blas_libraries()):
+            yield  # BLAS runs on that number already: nothing to set or restore (a query costs about 1 us)
         else:
             with _blas().limit(limits=want, user_api="blas"):
                 _blas_limit = want

@@ -56,18 +56,23 @@ class Certifier:
         self.best_is_last = False  # whether the best dual point is the residual of the point checked last
 
     def check(self, x, Yhat=None, G=None):
-        """Certify ``x`` (canonical, float64); ``Yhat = A x`` in float64 and ``G = A^T (-grad L(Yhat))`` when
-        already known (at x = 0, the scores :meth:`~cvxtransformer.core.problem.ConvexProblem.beta_max` computed)."""
+        """Certify ``x`` (canonical, float64); ``Yhat = A x`` in float64 when already known. ``G``: x is 0 and ``G``
+        the scores ``A^T (-grad L(0))`` that :meth:`~cvxtransformer.core.problem.ConvexProblem.beta_max` computed;
+        P(0) and the dual norm of G are then the problem's own (computed with them), and the dual objective at the
+        scaled ``V = -grad L(0)`` is the only computation."""
         t0 = time.perf_counter()
         p = self.problem
         forward, adjoint = self.op.forward, self.op.adjoint
-        if G is None and Yhat is None and self.verifier:  # the verifier's computation (copies: its arrays stay its own)
+        if G is not None:
+            V = p.loss.dual_variable(torch.zeros_like(self.T), self.T)
+            worst = float(p.beta_max())
+            s = p.beta / worst if worst > p.beta else 1.0
+            primal, dual = p.loss_at_zero(), p.loss.dual_objective(V, self.T, s)
+        elif Yhat is None and self.verifier:  # the verifier's computation (copies: its arrays stay its own)
             primal, V, s, dual, G = residual_of(p, x.numpy().reshape(p.program.shape))
             V, G = torch.from_numpy(np.array(V)), torch.from_numpy(np.array(G)).reshape(x.shape)
         else:
-            if G is not None:
-                adjoint = lambda V: G  # noqa: E731
-            elif Yhat is None and getattr(self.op, "streams", False):
+            if Yhat is None and getattr(self.op, "streams", False):
                 Yhat, _, G1 = self.op.forward_adjoint(x, lambda Y, s, e: p.loss.dual_variable(Y, self.T[s:e]))
                 adjoint = lambda V: G1  # noqa: E731  (V = -grad L(yhat), row by row: the same V)
             primal, V, s, dual, G = scaled_residual(p.loss, p.regularizer, forward, adjoint, self.T, x, Yhat)

@@ -254,9 +254,7 @@ class _Run:
         floor = 1e6 * torch.finfo(self.dtype).eps  # gaps above a million roundings are not a precision floor
         zero = self._scores_at_zero(o)  # the first check at x = 0 without a pass over the data, where known
         while True:
-            if zero is not None:  # x = 0: so is A x
-                Yhat = torch.zeros(self.op64.N, self.problem.program.n_outputs, dtype=F64, device=self.device)
-            if Yhat is None and self.ws.restricts_forward and not getattr(self.op64, "streams", False):
+            if zero is None and Yhat is None and self.ws.restricts_forward and not getattr(self.op64, "streams", False):
                 Yhat = self.ws.forward(self.x)  # the gates where x is nonzero only (the program's map reads every gate)
             chk = self.cert.check(self.x, Yhat, zero)
             zero = None

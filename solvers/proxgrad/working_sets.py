@@ -144,7 +144,7 @@ class BlockWorkingSet:
         if not self.ws.any():  # nothing violates at x: keep the best-scored open block
             self.ws.flat[int(np.argmax(np.where(blocks_open, score, -np.inf)))] = True
         J, K = np.flatnonzero(self.ws.any(axis=1)), np.flatnonzero(self.ws.any(axis=0))
-        self.ws[np.ix_(J, K)] = True
+        self.ws[J[:, None], K] = True
         settled = n_cand == 0 or bool((self.ws | ~blocks_open).all())
         device = self.op.device
         return (torch.from_numpy(J).to(device), torch.from_numpy(K).to(device)), settled, len(J) * len(K) * self.c
