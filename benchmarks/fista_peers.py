@@ -316,20 +316,54 @@ def adelie_setting(server, problem, repeats=3, time_cap=60.0, modes=("single", "
 
 
 ROUND_SECONDS, MAX_ROUNDS = 0.2, 30  # interleaved: more rounds for a fast row, until each solver's runs take this long
+FAST_RUN = 0.05  # seconds: a row whose runs all take less ends its rounds with a whole cycle of the square
+
+
+def balanced_orders(n):
+    """The orders of ``n`` solvers, one per round, in which each solver runs right after each other one equally
+    often (Williams' balanced Latin square: ``n`` rows for an even ``n``, these and their reverses for an odd one;
+    ordered so that no round starts with the solver that ended the one before; two solvers simply alternate)."""
+    if n <= 2:
+        return [list(range(n))]
+    base, low, high = [0], 1, n - 1
+    for i in range(1, n):
+        if i % 2:
+            base.append(low)
+            low += 1
+        else:
+            base.append(high)
+            high -= 1
+    rows = [[(b + r) % n for b in base] for r in range(n)]
+    rows += [row[::-1] for row in rows] if n % 2 else []
+    order = [rows.pop(0)]
+    while rows:
+        row = next((row for row in rows if row[0] != order[-1][-1]), rows[0])
+        rows.remove(row)
+        order.append(row)
+    return order
 
 
 def interleaved(timers, repeats=5):
     """Each of ``timers`` (name -> callable returning ``(seconds, cpu seconds, output)``) run in turn, one round after
-    another (the same load for each), the order rotated by one each round (the run after another solver's finds
-    the caches cold: each solver runs first as often as the others); ``repeats`` rounds, and more on a fast row,
-    until every solver's runs have taken ``ROUND_SECONDS`` (at most ``MAX_ROUNDS``): a best of 5 runs of a few
-    milliseconds measures the caches more than the solver. Runs past 2 s are not repeated. Returns name ->
-    ``(best seconds, cpu seconds of that run, its output)``."""
+    another (the same load for each), in the orders of :func:`balanced_orders`: the run after another solver's
+    finds the caches as that solver left them, and each solver runs after each other one equally often (a rotation
+    of one order puts each solver after the same one in every round); ``repeats`` rounds, and more on a fast row,
+    until every solver's runs have taken ``ROUND_SECONDS`` (at most ``MAX_ROUNDS``; a best of 5 runs of a few
+    milliseconds measures the caches more than the solver), then to the end of a cycle of the square where every
+    run is shorter than ``FAST_RUN``. Runs past 2 s are not repeated. Returns name -> ``(best seconds, cpu seconds
+    of that run, its output)``."""
     best, spent, names = {}, dict.fromkeys(timers, 0.0), list(timers)
+    orders = balanced_orders(len(names))
     rounds = 0
-    while rounds < repeats or (rounds < MAX_ROUNDS and min(spent.values()) < ROUND_SECONDS):
-        k = rounds % len(names)
-        for name in names[k:] + names[:k]:
+
+    def more():
+        if rounds < repeats or (rounds < MAX_ROUNDS and min(spent.values()) < ROUND_SECONDS):
+            return True
+        return rounds % len(orders) != 0 and max(run[0] for run in best.values()) < FAST_RUN
+
+    while more():
+        for i in orders[rounds % len(orders)]:
+            name = names[i]
             if name in best and best[name][0] > 2.0:
                 spent[name] = max(spent[name], ROUND_SECONDS)
                 continue

@@ -463,11 +463,12 @@ def misses(parts):
     steps = sorted({row["runs"]["ct.solve"]["iterations"] for _, row in _solve_rows(parts) if small(row["instance"])})
     return {SMALL_N: "fixed costs are the whole of a solve of about 3 ms: the Gram matrix of the first working set "
             "(every token: 0.5 ms by BLAS's syrk), " f"{' or '.join(map(str, steps))} FISTA steps, a Newton polish "
-            "that drops the groups leaving the support (4 to 7 Cholesky factorisations of 48 to 128 features, 0.4 ms), "
+            "that drops the groups leaving the support (4 or 5 Cholesky factorisations of 48 to 128 features: 0.3 to 0.4 ms "
+            "with its steps), "
             "the two certified checks and the certificate (0.5 ms), and about a hundred Python-level calls of torch "
             "and numpy, a few microseconds each; skglm and celer run compiled loops over 8 groups of 16. In the part "
             f"squared (below: each solver timed in a block of its own, best of 3) these solves take {_ms_span(alone)}; "
-            f"interleaved with the peers here (best of about 15 rounds), {_ms_span(headline)}. Where N or d grows, the "
+            f"interleaved with the peers here (best of 16 rounds), {_ms_span(headline)}. Where N or d grows, the "
             "passes over the data dominate and ours leads (the tables below)"}
 
 
@@ -523,10 +524,12 @@ def solve_section(parts):
          "over `tol` 1e-7 ... 1e-12 in modes `single` and `path` and credited with its fastest fit that our verifier "
          "certifies at 1e-6 (refined dual point included, not timed); skglm (GroupBCD) and celer (GroupLasso) at "
          "small N, each at its loosest certified `tol`. Then every solver of a row, at its setting, is run "
-         f"in turn, round after round (ours, the backend, the peer, ours, ...: the same load for each), the order "
-         "rotated by one each round (the run after another solver's finds the caches cold: each solver runs first "
-         f"as often as the others), {repeats} rounds or more on a fast row (until each solver's runs have taken "
-         f"{peers.ROUND_SECONDS:g} s, at most {peers.MAX_ROUNDS} rounds: about 15 on the rows of N = 1,000), and "
+         f"in turn, round after round (the same load for each), in the orders of a balanced Latin square (Williams "
+         "1949: each solver runs right after each other one equally often, and never twice in a row; a run finds "
+         "the caches as the run before it left them, and a fixed order, even rotated, puts each solver after the "
+         f"same one in every round), {repeats} rounds or more on a fast row (until each solver's runs have taken "
+         f"{peers.ROUND_SECONDS:g} s, at most {peers.MAX_ROUNDS} rounds, then to the end of a cycle of the square "
+         f"where every run is under {peers.FAST_RUN:g} s: 16 on the rows of N = 1,000), and "
          "credited with its best run: every solver of a row runs as many times. One thread each, BLAS included (threadpoolctl in this "
          "process; adelie's `n_threads=1` and OMP/OPENBLAS_NUM_THREADS=1 in its own). `passes`: the entries of X "
          "that one `ct.solve` reads (counted through the operator), in passes over X; `one pass`: the time of one "
