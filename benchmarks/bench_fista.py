@@ -281,6 +281,7 @@ def run_instance(inst, caps):
             runs[name] = peers.run_celer(problem, D, time_cap=caps["sweep"])
         elif name in ("clarabel", "scs"):
             runs[name] = peers.run_cvxpy(problem, name, time_cap=caps[name])
+    peers.retime(problem, D, runs)
     del D
     return runs
 

@@ -303,7 +303,10 @@ def write(parts, out, figure, quick=False):
           "Gram and Hessian matrices, every certificate check); float64, CPU, **one thread** (torch's and numpy's "
           "BLAS, by threadpoolctl, for every solver: skglm, celer, adelie, Clarabel and SCS run on one "
           "thread, and a second thread only stalls on a shared machine: with two BLAS threads under load skglm and "
-          "celer took 0.44 s on a 0.004 s row); every solver the best of 3 runs under 2 s; "
+          "celer took 0.44 s on a 0.004 s row); every solver the best of 3 runs under 2 s, each in a block of its "
+          f"own; where `ct.solve`, the backend, skglm and celer (at the tol found) all take under {peers.FAST_ROW:g} "
+          "s, they are then timed again in turn as in the headline (balanced order, best of 16 or more rounds: "
+          "in a block of its own a run of a few milliseconds measures the caches the run before it left); "
           "skglm = `GroupBCD.solve` (squared and logistic) and `GroupProxNewton.solve` (logistic) on the "
           "Fortran-ordered design (alpha = beta/N, as its loss is averaged), each swept over tol = 1e-5 ... 1e-10 "
           "and credited with the loosest tol that certifies (favours skglm); celer = `GroupLasso.fit` (squared "
@@ -467,8 +470,8 @@ def misses(parts):
             "with its steps), "
             "the two certified checks and the certificate (0.5 ms), and about a hundred Python-level calls of torch "
             "and numpy, a few microseconds each; skglm and celer run compiled loops over 8 groups of 16. In the part "
-            f"squared (below: each solver timed in a block of its own, best of 3) these solves take {_ms_span(alone)}; "
-            f"interleaved with the peers here (best of 16 rounds), {_ms_span(headline)}. Where N or d grows, the "
+            f"squared (below, timed the same way) these solves take {_ms_span(alone)}; here, {_ms_span(headline)}. "
+            "Where N or d grows, the "
             "passes over the data dominate and ours leads (the tables below)"}
 
 

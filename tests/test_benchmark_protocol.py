@@ -40,3 +40,30 @@ def test_interleaved_runs_every_solver_as_often_after_each_other_one():
     after = collections.Counter(zip(sequence, sequence[1:]))
     assert all(after[(a, b)] >= counts["celer"] // 4 for a, b in itertools.permutations(names, 2))
     assert not any(after[(a, a)] for a in names)
+
+
+def test_a_fast_row_is_timed_again_interleaved_and_a_slow_one_is_not():
+    """The part squared's rows whose ct.solve, backend and swept peers each took under FAST_ROW are timed again in
+    the headline's interleaved rounds (each solver credited with that best run); a row with a slower one keeps its
+    block timings, and a solver outside the fast ones (Clarabel) keeps its own."""
+    pytest.importorskip("celer", reason="the bench extra (celer) is not installed")
+    import numpy as np
+
+    import cvxtransformer as ct
+    peers = load("fista_peers")
+    X = np.random.default_rng(0).standard_normal((200, 4, 3))
+    problem = ct.make_problem(X, X[:, 1, 0] + X[:, 2, 1], program=8, beta_frac=0.1)
+    D = peers.design(problem)
+    block = {"ct.solve": peers.Run(seconds=0.2, points=[(0.1, 1e-3), (0.2, 1e-8)]), "fista": peers.Run(seconds=0.2),
+             "celer": peers.Run(seconds=0.2, setting=1e-8), "clarabel": peers.Run(seconds=0.2)}
+    runs = {name: peers.Run(**vars(run)) for name, run in block.items()}
+    peers.retime(problem, D, runs)
+    for name in ("ct.solve", "fista", "celer"):
+        assert 0 < runs[name].seconds < 0.1 and runs[name].cpu > 0, name  # a run of this row takes a few ms
+    assert runs["clarabel"].seconds == 0.2
+    scale = runs["ct.solve"].seconds / 0.2
+    assert runs["ct.solve"].points == [(0.1 * scale, 1e-3), (0.2 * scale, 1e-8)]
+    slow = {name: peers.Run(**vars(run)) for name, run in block.items()}
+    slow["celer"].seconds = 2 * peers.FAST_ROW
+    peers.retime(problem, D, slow)
+    assert {name: run.seconds for name, run in slow.items()} == {**{n: 0.2 for n in block}, "celer": 2 * peers.FAST_ROW}
