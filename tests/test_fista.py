@@ -325,6 +325,45 @@ def test_first_working_set_holds_every_planted_token_that_stands_above_the_rest(
     assert ct.certify(problem, out.Z).primal_objective == pytest.approx(ref.certificate.primal_objective, rel=1e-7)
 
 
+def test_a_small_first_set_takes_the_tokens_that_stand_out_and_one_polish_solves_it():
+    """Within ONE_ROUND (a small Gram matrix) the first set of a squared loss takes the tokens that stand out clearly
+    (scores of 3 planted tokens of 8 at least STANDOUT times the rest, which violate too), and that set, polished at
+    the first check whatever its gap, is solved to tol at once (not loosely: a second round would follow): one
+    certified check after the one at 0, at Clarabel's optimum. On correlated tokens none stands out and every
+    violating token is taken."""
+    from cvxtransformer.solvers.proxgrad import driver, working_sets
+
+    first = []
+    original = working_sets.BlockWorkingSet.next
+
+    def recording(self, chk, x, enabled, p0):
+        out = original(self, chk, x, enabled, p0)
+        first.append(np.flatnonzero(self.ws.any(axis=0)))
+        return out
+
+    for rho, planted_only in ((0.0, True), (0.8, False)):
+        rng = np.random.default_rng(0)
+        N, n, d = 1000, 8, 16
+        X = np.sqrt(1 - rho) * rng.standard_normal((N, n, d)) + np.sqrt(rho) * rng.standard_normal((N, 1, d))
+        planted = np.sort(rng.choice(n, 3, replace=False))
+        W = np.zeros((n, d))
+        W[planted] = rng.standard_normal((3, d)) / np.sqrt(d)
+        problem = ct.make_problem(X, np.einsum("ikd,kd->i", X, W) + 0.5 * rng.standard_normal(N), program=8,
+                                  beta_frac=0.1)
+        scores = np.sort(np.linalg.norm(problem.scores_at_zero(), axis=1))[::-1] / problem.beta
+        assert np.all(scores > 1) and (scores[2] >= working_sets.STANDOUT * scores[3]) == planted_only
+        assert N * (n * d) ** 2 <= working_sets.ONE_ROUND  # every token's Gram matrix is small
+        first.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(working_sets.BlockWorkingSet, "next", recording)
+            result = ct.solve(problem, "fista")
+        assert first[0].tolist() == (planted.tolist() if planted_only else list(range(n)))
+        certified = [h for h in result.history if h.kind == "certified"]
+        assert result.certified and len(certified) == 2 and result.iterations == driver.GRAM_FIRST_CHECK
+        reference = ct.solve(problem, "clarabel", tol=1e-9).certificate.primal_objective
+        assert result.certificate.primal_objective == pytest.approx(reference, rel=1e-7)
+
+
 def test_a_later_round_takes_the_violator_that_stands_out_alone():
     """Correlated tokens (rho = 0.8), three planted: the first set holds two; at its solution the third violates
     the KKT conditions clearly more than the other five, whose scores only reflect the missing token. The second
