@@ -90,7 +90,9 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
     budget : :class:`Budget`
     on_check : callable(iterations, primal, dual) called at every gap check (progress, history)
     slack : relative slack of the backtracking test (rounding of the working dtype)
-    polish : optional :class:`~.newton.Polisher` (the squared loss with the group lasso)
+    polish : optional :class:`~.newton.Polisher` (the squared loss with the group lasso); an unchecked one's
+        polish of a small support ends the run at a check, before its gap, with reason ``"converged"``: the
+        caller's certified check judges that point
     floor : relative gap below which a gap that stops decreasing is blamed on the working precision;
         above it slow progress is only slow, and the budget ends the run
     rounding : gap (absolute) at which P's rounding decides, whatever the relative gap (near
@@ -150,6 +152,9 @@ def fista(sm, x, reg, L, tol, budget, check_every=10, on_check=None, slack=1e-9,
             L = max(LIPSCHITZ_DECAY * L, 1.1 * need)  # L follows a curvature that fell (near-separable classes)
         budget.iterations += 1
         if budget.iterations % check_every == 0 or budget.iterations == first_check:
+            found = None if polish is None or budget.spent() else polish.unchecked(sm, reg, xn)
+            if found is not None:  # a small support's polish, which the caller's certified check judges
+                return found[0], found[1], L, "converged"
             primal, dual = gap_terms(sm, reg, xn, ixn, fxn, g, state)  # dual point V at y: feasible once scaled
             gap = relative_gap(primal, dual)
             if on_check is not None:

@@ -337,27 +337,49 @@ class Polisher:
 
     Each support is polished once; the polished point is kept only if it lowers P.
     ``__call__`` returns None or ``(x, image, primal, certified)``.
+
+    ``unchecked``: where the caller's certified check costs about what the subproblem's gap does (few samples),
+    :meth:`unchecked` polishes a small support at the first check, before that gap, and the point is returned
+    without it: the caller's certificate judges it (a polish that was not the optimum costs that check and a
+    round, and the support, remembered, is not polished again).
     """
 
-    def __init__(self, deadline=None):
-        self.tried, self.last_support, self.deadline = set(), None, deadline
+    def __init__(self, deadline=None, unchecked=False):
+        self.tried, self.last_support, self.deadline, self.unchecked_first = set(), None, deadline, unchecked
 
-    def __call__(self, sm, reg, x, primal, gap, tol, on_check, iteration):
+    @staticmethod
+    def _support(sm, x):
+        """The support of x, its key, and whether its largest Newton system is small."""
         support = torch.linalg.vector_norm(x, dim=-1) > 0
-        key = support.cpu().numpy().tobytes()
-        stable = self.last_support is not None and torch.equal(support, self.last_support)
-        self.last_support = support
         # the largest Newton system: each output's own (layout (c, |J|, |K|, d)), or all of them where H couples them
         size = int(support.sum()) if getattr(sm, "coupled", True) else int(support.flatten(1).sum(1).max())
-        small = size * x.shape[-1] <= SMALL_SUPPORT  # a Cholesky of at most this size costs little
+        return support, support.cpu().numpy().tobytes(), size * x.shape[-1] <= SMALL_SUPPORT
+
+    def _polish(self, sm, reg, x, small, key):
+        self.tried.add(key)
+        # a small system is factored in float64 at once: float32 saves nothing there, its refinement costs calls
+        return polish(sm, x, reg.beta, iterations=POLISH_ITERATIONS, deadline=self.deadline,
+                      factor=None if small else torch.float32, drop=True)
+
+    def unchecked(self, sm, reg, x):
+        """``(x, image)`` of the polish of a small support not polished before, or None (an unchecked Polisher only)."""
+        if not self.unchecked_first:
+            return None
+        _, key, small = self._support(sm, x)
+        if not small or key in self.tried:
+            return None
+        xc = self._polish(sm, reg, x, small, key)
+        return None if xc is None else (xc, sm.image(xc))
+
+    def __call__(self, sm, reg, x, primal, gap, tol, on_check, iteration):
+        support, key, small = self._support(sm, x)
+        stable = self.last_support is not None and torch.equal(support, self.last_support)
+        self.last_support = support
         # a small support is polished when first seen, the groups that leave it dropped on the way; a large one
         # once stable (each Newton step a Cholesky of its size)
         if gap >= (SMALL_POLISH_GAP if small else POLISH_GAP) or not (stable or small) or key in self.tried:
             return None
-        self.tried.add(key)
-        # a small system is factored in float64 at once: float32 saves nothing there, its refinement costs calls
-        xc = polish(sm, x, reg.beta, iterations=POLISH_ITERATIONS, deadline=self.deadline,
-                    factor=None if small else torch.float32, drop=True)
+        xc = self._polish(sm, reg, x, small, key)
         if xc is None:
             return None
         ixc, pc, dc = gap_at(sm, reg, xc)
