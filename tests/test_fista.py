@@ -325,19 +325,24 @@ def test_first_working_set_holds_every_planted_token_that_stands_above_the_rest(
     assert ct.certify(problem, out.Z).primal_objective == pytest.approx(ref.certificate.primal_objective, rel=1e-7)
 
 
+def planted_on_correlated_tokens():
+    """Program (8), squared loss: 400 samples of 8 correlated tokens of 6 coordinates, 3 tokens planted, 0.1 beta_max."""
+    rng = np.random.default_rng(7)
+    N, n, d = 400, 8, 6
+    X = rng.standard_normal((N, n, d)) + 0.8 * rng.standard_normal((N, 1, d))
+    w = np.zeros((n, d))
+    w[rng.choice(n, 3, replace=False)] = rng.standard_normal((3, d))
+    return ct.make_problem(X, np.einsum("ikd,kd->i", X, w) + 0.5 * rng.standard_normal(N), program=8,
+                           beta_frac=0.1)
+
+
 def test_an_unchecked_polish_that_misses_leaves_the_solve_to_go_on_and_is_not_repeated(monkeypatch):
     """A small support's polish returned unchecked (few samples) that is not the optimum (here the Newton point
     scaled by 0.9): the certified check says so, the solve goes on on the same working set, never polishes that
     support again (one Polisher per working set), and ends certified at Clarabel's optimum."""
     from cvxtransformer.solvers.proxgrad import newton
 
-    rng = np.random.default_rng(7)
-    N, n, d = 400, 8, 6
-    X = rng.standard_normal((N, n, d)) + 0.8 * rng.standard_normal((N, 1, d))
-    w = np.zeros((n, d))
-    w[rng.choice(n, 3, replace=False)] = rng.standard_normal((3, d))
-    problem = ct.make_problem(X, np.einsum("ikd,kd->i", X, w) + 0.5 * rng.standard_normal(N), program=8,
-                              beta_frac=0.1)
+    problem = planted_on_correlated_tokens()
     supports, real = [], newton.polish
 
     def missing(sm, x, beta, **kwargs):
@@ -495,13 +500,7 @@ def test_a_small_support_is_polished_from_the_first_check_of_a_gram_form(monkeyp
     (two inner checks at the same iteration, the second certified)."""
     from cvxtransformer.solvers.proxgrad import driver
 
-    rng = np.random.default_rng(7)
-    N, n, d = 400, 8, 6
-    X = rng.standard_normal((N, n, d)) + 0.8 * rng.standard_normal((N, 1, d))
-    w = np.zeros((n, d))
-    w[rng.choice(n, 3, replace=False)] = rng.standard_normal((3, d))
-    problem = ct.make_problem(X, np.einsum("ikd,kd->i", X, w) + 0.5 * rng.standard_normal(N), program=8,
-                              beta_frac=0.1)
+    problem, n = planted_on_correlated_tokens(), 8
     reference = ct.solve(problem, "clarabel", tol=1e-9).certificate.primal_objective
     result = ct.solve(problem, "fista", tol=1e-8)
     assert result.certified and result.iterations == driver.GRAM_FIRST_CHECK
