@@ -326,7 +326,7 @@ def test_first_working_set_holds_every_planted_token_that_stands_above_the_rest(
 
 
 def planted_on_correlated_tokens():
-    """Program (8), squared loss: 400 samples of 8 correlated tokens of 6 coordinates, 3 tokens planted, 0.1 beta_max."""
+    """Program (8), squared loss: 400 samples of 8 correlated tokens of 6 coordinates, 3 planted, 0.1 beta_max."""
     rng = np.random.default_rng(7)
     N, n, d = 400, 8, 6
     X = rng.standard_normal((N, n, d)) + 0.8 * rng.standard_normal((N, 1, d))

@@ -296,8 +296,9 @@ class _Run:
             # Newton system of at most SMALL_SUPPORT features: polished at the first check, at any gap, which a loose
             # tolerance could stop before, and a second round would follow: 2 of 6 seeds of (8) squared, N=1,000,
             # n=8, d=16, rho=0, 3 tokens held: 2.5-2.6 -> 1.9 ms of CPU)
-            costly_check = method_used == "gram" and self._check_seconds() > SETTLE_ITERS * self._gram_seconds(op)
-            full = settled or costly_check or (method_used == "gram" and self.ws.polishable and op.hJ * op.F <= SMALL_SUPPORT)
+            on_gram = method_used == "gram"
+            costly_check = on_gram and self._check_seconds() > SETTLE_ITERS * self._gram_seconds(op)
+            full = settled or costly_check or (on_gram and self.ws.polishable and op.hJ * op.F <= SMALL_SUPPORT)
             inner_tol = margin * tol if full else max(0.5 * tol, 0.3 * min(chk.relative_gap, 1.0))
             if atol is not None and chk.dual > 0:  # the relative gap that atol stands for here
                 inner_tol = max(inner_tol, margin * atol / chk.dual)
@@ -307,7 +308,7 @@ class _Run:
             polish = None
             if self.ws.polishable and sm.quadratic:
                 polish = Polisher(budget.local_deadline())
-                if method_used == "gram" and not costly_check:  # a check costs about a gap of the Gram form: a small
+                if on_gram and not costly_check:  # a check costs about a gap of the Gram form: a small
                     # support's polish is returned unchecked, to that check (:class:`Polisher`); one Polisher per
                     # working set then, so that a support is polished once ((8) squared, N=1,000, n=8, d=16, 0.1
                     # beta_max, six seeds at rho 0 and 0.8: 0.1 ms of CPU less, 1.9 -> 1.8 and 2.45 -> 2.35 ms)

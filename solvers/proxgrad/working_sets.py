@@ -128,7 +128,8 @@ class BlockWorkingSet:
             chosen = open_tokens.copy()
             if self.op.N_total * (self.h * every * self.d) ** 2 > ONE_ROUND:  # else all of them at once (every shard)
                 chosen[:] = False
-                per_output = (torch.amax(torch.linalg.vector_norm(chk.G, dim=-1), dim=0) / self.problem.beta).cpu().numpy()
+                norms = torch.linalg.vector_norm(chk.G, dim=-1)
+                per_output = (torch.amax(norms, dim=0) / self.problem.beta).cpu().numpy()
                 unscreened = blocks_open.any(axis=0)
                 for token in per_output:  # each output's own tokens that stand out among its unscreened ones (c, n)
                     violating = np.where(open_tokens & (token > 1.0), token, -np.inf)
