@@ -190,12 +190,9 @@ def solve_row(inst, seed, repeats):
     """One row of the part ``solve``: ``ct.solve`` and the backend alone on one thread, the peer at its
     fastest setting that our verifier certifies (found by a sweep first), all timed ``repeats`` times in turn
     (best of each); the passes over X of one ``ct.solve`` (counted), and one pass's time."""
-    from cvxtransformer.solvers.proxgrad import ProxGrad
-
     problem = make(inst, seed)
     D = peers.design(problem)
-    timers = {"ct.solve": peers.timed_once(lambda: ct.solve(peers.fresh(problem), "fista", threads=1)),
-              "backend": peers.timed_once(lambda: ProxGrad().solve(peers.fresh(problem), tol=peers.TARGET, threads=1))}
+    timers = peers.our_timers(problem)
     settings, sweeps, server = {}, {}, None
     try:
         for name in inst.peers:

@@ -394,21 +394,27 @@ def retime(problem, D, runs):
     solver measures the caches that run left), time them again at their settings as the headline does
     (:func:`interleaved`: every solver as many times, right after each other one equally often) and credit
     each with that best run."""
-    from cvxtransformer.solvers.proxgrad import ProxGrad
-
     fits = {"skglm": skglm_fit, "skglm_pn": lambda p, D: skglm_fit(p, D, solver="prox_newton"), "celer": celer_fit}
-    timed = [name for name in ("ct.solve", "fista", *fits) if name in runs]
-    if any(runs[name].seconds is None or runs[name].seconds >= FAST_ROW for name in timed):
+    names = [name for name in ("ct.solve", "fista", *fits) if name in runs]
+    if any(runs[name].seconds is None or runs[name].seconds >= FAST_ROW for name in names):
         return
-    timers = {"ct.solve": timed_once(lambda: ct.solve(fresh(problem), "fista", tol=TARGET, threads=1)),
-              "fista": timed_once(lambda: ProxGrad().solve(fresh(problem), tol=TARGET, threads=1))}
-    for name in timed[2:]:
+    timers = our_timers(problem, "fista")
+    for name in names[2:]:
         timers[name] = (lambda f, tol: timed_once(lambda: f(tol)))(fits[name](problem, D), runs[name].setting)
     for name, (seconds, cpu, out) in interleaved(timers).items():
         run = runs[name]
         if name not in fits:  # our history's times, scaled to the run credited (as run_fista scales them)
             run.points = [(t * seconds / run.seconds, gap) for t, gap in run.points]
         run.seconds, run.cpu = seconds, cpu
+
+
+def our_timers(problem, backend="backend"):
+    """Timers for :func:`interleaved` of ours on one thread: ``ct.solve`` (what a user calls, the verification
+    included) and the backend alone (named ``backend``), each on a :func:`fresh` problem."""
+    from cvxtransformer.solvers.proxgrad import ProxGrad
+
+    return {"ct.solve": timed_once(lambda: ct.solve(fresh(problem), "fista", tol=TARGET, threads=1)),
+            backend: timed_once(lambda: ProxGrad().solve(fresh(problem), tol=TARGET, threads=1))}
 
 
 def swept_tol(fit, problem, tols):

@@ -307,13 +307,17 @@ class _Run:
             slack = 1e-9 if self.dtype == F64 else 1e-4
             polish = None
             if self.ws.polishable and sm.quadratic:
-                polish = Polisher(budget.local_deadline())
-                if on_gram and not costly_check:  # a check costs about a gap of the Gram form: a small
-                    # support's polish is returned unchecked, to that check (:class:`Polisher`); one Polisher per
-                    # working set then, so that a support is polished once ((8) squared, N=1,000, n=8, d=16, 0.1
-                    # beta_max, six seeds at rho 0 and 0.8: 0.1 ms of CPU less, 1.9 -> 1.8 and 2.45 -> 2.35 ms)
-                    polish = self.cache.setdefault("polisher", Polisher(unchecked=True))
-                    polish.deadline = budget.local_deadline()
+                # where a check costs about a gap of the Gram form, a small support's polish is returned unchecked, to
+                # that check (:class:`Polisher`), and one Polisher serves the working set, so that a support is
+                # polished once ((8) squared, N=1,000, n=8, d=16, 0.1 beta_max, six seeds at rho 0 and 0.8: 0.1 ms of
+                # CPU less, 1.9 -> 1.8 and 2.45 -> 2.35 ms)
+                unchecked = on_gram and not costly_check
+                polish = self.cache.get("polisher") if unchecked else None
+                if polish is None:
+                    polish = Polisher(unchecked=unchecked)
+                    if unchecked:
+                        self.cache["polisher"] = polish
+                polish.deadline = budget.local_deadline()
             it0 = budget.iterations
 
             def on_check(k, primal, dual):
